@@ -1,0 +1,98 @@
+"""Repository rule that finds LibTorch and exposes it as @libtorch.
+
+Where LibTorch comes from, first match wins:
+  1. RELOADSAFE_LIBTORCH: an unpacked LibTorch distribution, or the `torch`
+     folder of a Python installation (both have include/ and lib/).
+  2. The per-machine cache that tools/setup.sh fills:
+     ${RELOADSAFE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/reloadsafe}/libtorch-<version>.
+
+The rule declares the variables it reads, so Bazel reruns it when they change.
+
+Targets:
+  @libtorch//:torch_cpu   ATen, c10 and the C++ frontend, CPU libraries only.
+  @libtorch//:torch_cuda  adds libtorch_cuda and libc10_cuda.
+  @libtorch//:version.bzl LIBTORCH_VERSION, as the installation reports it.
+"""
+
+_ENV = ["RELOADSAFE_LIBTORCH", "RELOADSAFE_CACHE", "XDG_CACHE_HOME", "HOME", "CUDA_HOME", "CUDA_PATH"]
+
+def _cache_dir(env):
+    if env.get("RELOADSAFE_CACHE"):
+        return env["RELOADSAFE_CACHE"]
+    if env.get("XDG_CACHE_HOME"):
+        return env["XDG_CACHE_HOME"] + "/reloadsafe"
+    return env.get("HOME", "/root") + "/.cache/reloadsafe"
+
+def _read_version(rctx, root):
+    # A torch package has version.py; a LibTorch zip has build-version.
+    for name in ["version.py", "build-version", "../version.py"]:
+        p = rctx.path(root + "/" + name)
+        if p.exists:
+            for line in rctx.read(p).splitlines():
+                line = line.strip()
+                if name.endswith("build-version") and line:
+                    return line
+                if line.startswith("__version__"):
+                    return line.split("=")[1].strip().strip("'\"")
+    return "unknown"
+
+def _runtime_lib_dirs(rctx, env, cache):
+    """Folders holding the CUDA runtime that a CUDA build of LibTorch needs
+    even for CPU work (libtorch_cpu links libcudart and libcupti)."""
+    candidates = []
+    for var in ["CUDA_HOME", "CUDA_PATH"]:
+        if env.get(var):
+            candidates += [env[var] + "/lib64", env[var] + "/extras/CUPTI/lib64"]
+    candidates += [
+        "/usr/local/cuda/lib64",
+        "/usr/local/cuda/extras/CUPTI/lib64",
+        cache + "/cuda-runtime/lib",
+    ]
+    found = []
+    for d in candidates:
+        p = rctx.path(d)
+        if p.exists and d not in found:
+            found.append(d)
+    return found
+
+def _libtorch_impl(rctx):
+    env = rctx.os.environ
+    version = rctx.attr.version
+    cache = _cache_dir(env)
+    root = env.get("RELOADSAFE_LIBTORCH", "")
+    source = "RELOADSAFE_LIBTORCH"
+    if not root:
+        root = cache + "/libtorch-" + version
+        source = "the reloadsafe cache"
+    for sub in ["include", "lib"]:
+        if not rctx.path(root + "/" + sub).exists:
+            fail(("LibTorch not found at %s (from %s): %s/ is missing. Run tools/setup.sh " +
+                  "to install the pinned LibTorch %s, or set RELOADSAFE_LIBTORCH to an " +
+                  "unpacked LibTorch or a torch package folder.") % (root, source, sub, version))
+    rctx.symlink(root + "/include", "include")
+    rctx.symlink(root + "/lib", "lib")
+    found_version = _read_version(rctx, root)
+    if source != "RELOADSAFE_LIBTORCH" and not found_version.startswith(version):
+        fail("The cached LibTorch at %s is %s, not the pinned %s: rerun tools/setup.sh." %
+             (root, found_version, version))
+
+    runtime_dirs = _runtime_lib_dirs(rctx, env, cache)
+    lib = str(rctx.path("lib").realpath)
+    rpaths = ["-Wl,-rpath," + lib]
+    for d in runtime_dirs:
+        rpaths += ["-Wl,-rpath," + d, "-Wl,-rpath-link," + d]
+
+    rctx.file("version.bzl", "LIBTORCH_VERSION = %r\nLIBTORCH_ROOT = %r\n" % (found_version, root))
+    rctx.template("BUILD.bazel", rctx.attr._build_tpl, {
+        "%{RPATHS}": repr(rpaths),
+    })
+
+libtorch_repository = repository_rule(
+    implementation = _libtorch_impl,
+    attrs = {
+        "version": attr.string(mandatory = True),
+        "_build_tpl": attr.label(default = "//third_party/libtorch:BUILD.libtorch.tpl"),
+    },
+    environ = _ENV,
+    local = True,
+)

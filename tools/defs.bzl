@@ -1,0 +1,116 @@
+"""Macros for the kinds of targets reloadsafe has many of.
+
+Each macro puts the project's warning flags, test framework, tags and
+environment in one place:
+
+  rs_library        a library of the project (warnings are errors).
+  rs_test           a GoogleTest unit test on the CPU.
+  rs_property_test  a RapidCheck property test, with fixed seed and case count
+                    for CI (override with --test_env=RC_PARAMS=...).
+  rs_gpu_test       a GoogleTest test that needs CUDA: tagged `gpu` so the
+                    default run leaves it out; `--config=gpu` runs it.
+  rs_benchmark      a Google Benchmark binary plus `<name>_smoke`, a cc_test
+                    that runs every benchmark once, briefly.
+"""
+
+load("@local_cuda//:defs.bzl", "CUDA_FOUND")
+
+# Warnings are errors for the project's own sources. External headers come in
+# through -isystem and stay quiet.
+RS_COPTS = [
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+    "-Wno-unused-parameter",
+]
+
+_TORCH_CPU = "@libtorch//:torch_cpu"
+_TORCH_CUDA = "@libtorch//:torch_cuda"
+_GTEST_MAIN = "@gtest//:gtest_main"
+
+def rs_library(name, gpu = False, copts = [], deps = [], **kwargs):
+    native.cc_library(
+        name = name,
+        copts = RS_COPTS + copts,
+        deps = deps + [_TORCH_CUDA if gpu else _TORCH_CPU],
+        **kwargs
+    )
+
+def rs_test(name, srcs, deps = [], copts = [], size = "small", main = True, **kwargs):
+    native.cc_test(
+        name = name,
+        srcs = srcs,
+        size = size,
+        copts = RS_COPTS + copts,
+        deps = deps + [_TORCH_CPU] + ([_GTEST_MAIN] if main else ["@gtest"]),
+        **kwargs
+    )
+
+def rs_property_test(name, srcs, deps = [], rc_params = "seed=1 max_success=200", size = "medium", tags = [], **kwargs):
+    """A RapidCheck property test.
+
+    `rc_params` sets RC_PARAMS for the CI run (a fixed seed, so CI is
+    repeatable); `--test_env=RC_PARAMS="reproduce=..."` replays a failure.
+    """
+    native.cc_test(
+        name = name,
+        srcs = srcs,
+        size = size,
+        copts = RS_COPTS,
+        env = {"RC_PARAMS": rc_params},
+        tags = tags + ["property"],
+        deps = deps + [_TORCH_CPU, "@rapidcheck", _GTEST_MAIN],
+        **kwargs
+    )
+
+def rs_gpu_test(name, srcs, deps = [], size = "medium", tags = [], **kwargs):
+    """A test that needs a CUDA device.
+
+    Tagged `gpu` (out of the default run; `bazel test --config=gpu //...` runs
+    it). At run time it skips with a reason where no device is visible. On a
+    machine without the CUDA Toolkit it is replaced by a test that skips and
+    says so, because the sources need CUDA headers to compile.
+    """
+    if CUDA_FOUND:
+        native.cc_test(
+            name = name,
+            srcs = srcs,
+            size = size,
+            copts = RS_COPTS,
+            tags = tags + ["gpu"],
+            deps = deps + [_TORCH_CUDA, _GTEST_MAIN],
+            **kwargs
+        )
+    else:
+        native.cc_test(
+            name = name,
+            srcs = ["//tools:no_cuda_test.cc"],
+            size = "small",
+            copts = RS_COPTS,
+            tags = tags + ["gpu"],
+            deps = [_GTEST_MAIN],
+        )
+
+def rs_benchmark(name, srcs, deps = [], smoke_args = [], tags = [], **kwargs):
+    """A Google Benchmark binary and its smoke test.
+
+    `bazel run -c opt //pkg:name -- --benchmark_out=...` measures;
+    `<name>_smoke` runs each benchmark for a minimal time in `bazel test`, so
+    a benchmark that breaks is caught by the tests.
+    """
+    native.cc_binary(
+        name = name,
+        srcs = srcs,
+        copts = RS_COPTS,
+        deps = deps + [_TORCH_CPU, "@benchmark"],
+        tags = tags,
+        **kwargs
+    )
+    native.sh_test(
+        name = name + "_smoke",
+        srcs = ["//tools:benchmark_smoke.sh"],
+        args = ["$(location :%s)" % name] + smoke_args,
+        data = [":" + name],
+        size = "medium",
+        tags = tags + ["benchmark_smoke"],
+    )

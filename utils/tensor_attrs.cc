@@ -1,0 +1,172 @@
+#include "utils/tensor_attrs.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <array>
+#include <mutex>
+#include <unordered_map>
+
+namespace reloadsafe {
+namespace {
+
+struct Entry {
+  // Weak: the table never keeps a tensor alive. While the weak reference
+  // exists the TensorImpl's memory is not reused, so a key cannot be taken
+  // over by a new object at the same address.
+  c10::weak_intrusive_ptr<c10::TensorImpl> owner;
+  AttrMap attrs;
+  bool parameter = false;
+};
+
+class AttrTable {
+ public:
+  // Returns the entry of a live object, or nullptr. Caller holds mu_.
+  Entry* find(const at::Tensor& t) {
+    auto it = entries_.find(t.unsafeGetTensorImpl());
+    if (it == entries_.end()) return nullptr;
+    if (it->second.owner.expired()) {
+      entries_.erase(it);
+      return nullptr;
+    }
+    return &it->second;
+  }
+
+  // Returns the entry of `t`, creating it. Caller holds mu_.
+  Entry& get_or_create(const at::Tensor& t) {
+    TORCH_CHECK(t.defined(), "attributes can only be set on a defined tensor, not on None");
+    if (Entry* e = find(t)) return *e;
+    if (entries_.size() >= next_sweep_) sweep();
+    c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    auto owner = c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr());
+    return entries_.emplace(impl, Entry{std::move(owner), {}, false}).first->second;
+  }
+
+  size_t live_size() {
+    sweep();
+    return entries_.size();
+  }
+
+  std::mutex mu_;
+
+ private:
+  // Drops entries whose tensor is gone; amortised over insertions.
+  void sweep() {
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      it = it->second.owner.expired() ? entries_.erase(it) : std::next(it);
+    }
+    next_sweep_ = std::max<size_t>(64, 2 * entries_.size());
+  }
+
+  std::unordered_map<const c10::TensorImpl*, Entry> entries_;
+  size_t next_sweep_ = 64;
+};
+
+AttrTable& table() {
+  static auto* t = new AttrTable();  // never destroyed: tensors may outlive statics
+  return *t;
+}
+
+// Names Python resolves on the tensor itself; `hasattr` is true for them on
+// every tensor, so set_weight_attrs may not use them.
+constexpr std::array<const char*, 12> kTensorProperties = {
+    "data", "shape", "dtype", "device", "grad", "requires_grad",
+    "is_meta", "is_cuda", "layout", "ndim", "T", "names"};
+
+}  // namespace
+
+bool truthy(const AttrValue& value) {
+  return std::visit(
+      [](const auto& v) -> bool {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, bool>) return v;
+        if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, double>) return v != 0;
+        if constexpr (std::is_same_v<T, std::string>) return !v.empty();
+        if constexpr (std::is_same_v<T, WeightLoader>) return true;
+        if constexpr (std::is_same_v<T, at::Tensor>) return v.defined();
+      },
+      value);
+}
+
+const AttrValue* find_attr(const at::Tensor& t, const std::string& key) {
+  if (!t.defined()) return nullptr;
+  std::lock_guard<std::mutex> lock(table().mu_);
+  Entry* e = table().find(t);
+  if (e == nullptr) return nullptr;
+  auto it = e->attrs.find(key);
+  return it == e->attrs.end() ? nullptr : &it->second;
+}
+
+bool has_attr(const at::Tensor& t, const std::string& key) {
+  return find_attr(t, key) != nullptr;
+}
+
+bool attr_truthy(const at::Tensor& t, const std::string& key) {
+  const AttrValue* v = find_attr(t, key);
+  return v != nullptr && truthy(*v);
+}
+
+void set_attr(const at::Tensor& t, const std::string& key, AttrValue value) {
+  std::lock_guard<std::mutex> lock(table().mu_);
+  table().get_or_create(t).attrs[key] = std::move(value);
+}
+
+bool erase_attr(const at::Tensor& t, const std::string& key) {
+  if (!t.defined()) return false;
+  std::lock_guard<std::mutex> lock(table().mu_);
+  Entry* e = table().find(t);
+  return e != nullptr && e->attrs.erase(key) > 0;
+}
+
+AttrMap attrs(const at::Tensor& t) {
+  if (!t.defined()) return {};
+  std::lock_guard<std::mutex> lock(table().mu_);
+  Entry* e = table().find(t);
+  return e == nullptr ? AttrMap{} : e->attrs;
+}
+
+bool is_parameter(const at::Tensor& t) {
+  if (!t.defined()) return false;
+  std::lock_guard<std::mutex> lock(table().mu_);
+  Entry* e = table().find(t);
+  return e != nullptr && e->parameter;
+}
+
+void mark_parameter(const at::Tensor& t) {
+  std::lock_guard<std::mutex> lock(table().mu_);
+  table().get_or_create(t).parameter = true;
+}
+
+at::Tensor make_parameter(const at::Tensor& data) {
+  TORCH_CHECK(data.defined(), "make_parameter: data is None; pass a tensor");
+  at::Tensor param = data.detach();  // new object, same storage and layout
+  param.set_requires_grad(false);
+  mark_parameter(param);
+  return param;
+}
+
+void set_weight_attrs(const at::Tensor& weight, const std::optional<AttrMap>& weight_attrs) {
+  if (!weight_attrs.has_value()) return;
+  TORCH_CHECK(weight.defined(), "set_weight_attrs: weight is None; pass the weight tensor");
+  for (const auto& [key, value] : *weight_attrs) {
+    for (const char* property : kTensorProperties) {
+      TORCH_CHECK(key != property, "set_weight_attrs: '", key,
+                  "' is a property of every tensor and cannot be set as an attribute; "
+                  "choose another name");
+    }
+    TORCH_CHECK(!has_attr(weight, key), "set_weight_attrs: overwriting existing tensor attribute '",
+                key, "'; erase it first if replacing it is intended");
+  }
+  std::lock_guard<std::mutex> lock(table().mu_);
+  Entry& e = table().get_or_create(weight);
+  for (const auto& [key, value] : *weight_attrs) e.attrs[key] = value;
+}
+
+namespace detail {
+size_t attr_table_size() {
+  std::lock_guard<std::mutex> lock(table().mu_);
+  return table().live_size();
+}
+}  // namespace detail
+
+}  // namespace reloadsafe
