@@ -93,38 +93,46 @@ PY
   say "LibTorch $TORCH_VERSION: installed in $dest ($(du -sh "$dest" | cut -f1))"
 }
 
-# A CUDA build of LibTorch loads libcudart and libcupti even for CPU work.
-# Without a CUDA Toolkit, take those two runtime libraries from the registry.
+# CUDA runtime libraries that LibTorch's CUDA build loads and the machine may
+# lack, as "library package" pairs. libtorch_cpu itself needs the first two,
+# even for CPU work; the GPU test binaries need the rest to start (and skip)
+# on a machine with the CUDA Toolkit but no GPU. Missing ones are unpacked
+# from the registry's wheels into $CACHE/cuda-runtime/lib.
+CPU_RUNTIME=("libcudart.so.13 nvidia-cuda-runtime==13.0.*" "libcupti.so.13 nvidia-cuda-cupti==13.0.*")
+GPU_RUNTIME=("libcufile.so.0 nvidia-cufile==1.15.*" "libcusparseLt.so.0 nvidia-cusparselt-cu13==0.8.0"
+  "libnvshmem_host.so.3 nvidia-nvshmem-cu13==3.4.5")
+
 install_cuda_runtime() {
-  local cuda="${CUDA_HOME:-/usr/local/cuda}"
-  if [ -e "$cuda/lib64/libcudart.so.13" ]; then
-    say "CUDA runtime: present in $cuda"
+  local cuda="${CUDA_HOME:-/usr/local/cuda}" dest="$CACHE/cuda-runtime/lib"
+  local wanted=("${CPU_RUNTIME[@]}")
+  [ -e "$cuda/include/cuda_runtime_api.h" ] && wanted+=("${GPU_RUNTIME[@]}")
+  local missing=()
+  for pair in "${wanted[@]}"; do
+    local lib="${pair%% *}"
+    [ -e "$cuda/lib64/$lib" ] || [ -e "$cuda/extras/CUPTI/lib64/$lib" ] || [ -e "$dest/$lib" ] ||
+      missing+=("${pair#* }")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    say "CUDA runtime libraries: present"
     return
   fi
-  local dest="$CACHE/cuda-runtime"
-  if [ -f "$dest/.complete" ]; then
-    say "CUDA runtime: present in $dest"
-    return
-  fi
-  say "CUDA runtime: no CUDA Toolkit; downloading libcudart and libcupti"
+  say "CUDA runtime libraries: downloading ${missing[*]}"
   local tmp
   tmp="$(mktemp -d "$CACHE/download.XXXXXX")"
   trap 'rm -rf "$tmp"' RETURN
-  python_pip download --no-deps --only-binary=:all: -d "$tmp" \
-    "nvidia-cuda-runtime==13.0.*" "nvidia-cuda-cupti==13.0.*"
-  mkdir -p "$dest/lib"
-  for w in "$tmp"/*.whl; do
-    python3 - "$w" "$dest/lib" <<'PY'
+  python_pip download --no-deps --only-binary=:all: --progress-bar on -d "$tmp" "${missing[@]}"
+  mkdir -p "$dest"
+  python3 - "$dest" "$tmp"/*.whl <<'PY'
 import os, sys, zipfile
-wheel, out = sys.argv[1], sys.argv[2]
-with zipfile.ZipFile(wheel) as z:
-    for n in z.namelist():
-        if "/lib/" in n and ".so" in n:
-            with open(os.path.join(out, os.path.basename(n)), "wb") as f:
-                f.write(z.read(n))
+out = sys.argv[1]
+for wheel in sys.argv[2:]:
+    with zipfile.ZipFile(wheel) as z:
+        for n in z.namelist():
+            if "/lib/" in n and ".so" in os.path.basename(n):
+                with open(os.path.join(out, os.path.basename(n)), "wb") as f:
+                    f.write(z.read(n))
 PY
-  done
-  touch "$dest/.complete"
+  say "CUDA runtime libraries: installed in $dest ($(du -sh "$dest" | cut -f1))"
 }
 
 write_user_bazelrc() {

@@ -41,8 +41,9 @@ bool is_integrated_gpu(const c10::Device& device) {
   if (integrated_override.has_value()) return *integrated_override;
   if (!device.is_cuda()) return false;
   GetAttributeFn get = cuda_get_attribute();
-  TORCH_CHECK(get != nullptr, "is_integrated_gpu: a CUDA device was given but the CUDA runtime "
-                              "library (libcudart) cannot be loaded");
+  TORCH_CHECK(get != nullptr,
+              "is_integrated_gpu: a CUDA device was given but the CUDA runtime "
+              "library (libcudart) cannot be loaded");
   int integrated = 0;
   const int err = get(&integrated, kCudaDevAttrIntegrated, device.has_index() ? device.index() : 0);
   TORCH_CHECK(err == 0, "is_integrated_gpu: cudaDeviceGetAttribute(cudaDevAttrIntegrated) for ",
@@ -55,7 +56,9 @@ ScopedIntegratedGpuOverride::ScopedIntegratedGpuOverride(bool integrated)
   integrated_override = integrated;
 }
 
-ScopedIntegratedGpuOverride::~ScopedIntegratedGpuOverride() { integrated_override = previous_; }
+ScopedIntegratedGpuOverride::~ScopedIntegratedGpuOverride() {
+  integrated_override = previous_;
+}
 
 int64_t touch_pages(const at::Tensor& src) {
   TORCH_CHECK(src.device().is_cpu() && src.is_contiguous(),

@@ -34,7 +34,9 @@ class FreshMapping {
   void* ptr_;
 };
 
-TEST(PageSize, IsWhatTheOsReports) { EXPECT_EQ(page_size(), sysconf(_SC_PAGESIZE)); }
+TEST(PageSize, IsWhatTheOsReports) {
+  EXPECT_EQ(page_size(), sysconf(_SC_PAGESIZE));
+}
 
 TEST(IsIntegratedGpu, FalseOffCudaAndForceable) {
   EXPECT_FALSE(is_integrated_gpu(c10::Device(c10::kCPU)));
@@ -93,7 +95,8 @@ TEST(CopyWeight, SkipsWhatTheReferenceSkips) {
     FreshMapping map(4);
     at::Tensor src = at::from_blob(map.data(), {c.numel}, c.src_dtype);
     if (c.transposed) src = src.view({2, c.numel / 2}).t();
-    at::Tensor dst = at::empty(src.sizes(), at::TensorOptions().dtype(c.dst_dtype).device(at::kMeta));
+    at::Tensor dst =
+        at::empty(src.sizes(), at::TensorOptions().dtype(c.dst_dtype).device(at::kMeta));
     copy_weight_(dst, src);
     EXPECT_EQ(map.resident(), std::vector<bool>(4, false));
   }

@@ -45,7 +45,9 @@ void Layer::register_param(const std::string& name, const at::Tensor& param) {
   const SlotKind k = kind(name);
   TORCH_CHECK(k == SlotKind::kAbsent || k == SlotKind::kParameter, "register_param: '", name,
               "' is already used by a ",
-              k == SlotKind::kBuffer ? "buffer" : k == SlotKind::kSubmodule ? "submodule" : "plain attribute",
+              k == SlotKind::kBuffer      ? "buffer"
+              : k == SlotKind::kSubmodule ? "submodule"
+                                          : "plain attribute",
               " of the layer; a parameter cannot take its name");
   if (param.defined()) mark_parameter(param);
   if (at::Tensor* slot = parameters_.find(name)) {
@@ -107,8 +109,9 @@ ExpertMapping get_moe_expert_mapping(torch::nn::Module& model) {
     auto layer = std::dynamic_pointer_cast<Layer>(item.value());
     if (layer && layer->get_expert_mapping) return layer->get_expert_mapping();
   }
-  TORCH_CHECK(false, "get_moe_expert_mapping: no module in the model has a get_expert_mapping "
-                     "method; set Layer::get_expert_mapping on the MoE layer (or the model)");
+  TORCH_CHECK(false,
+              "get_moe_expert_mapping: no module in the model has a get_expert_mapping "
+              "method; set Layer::get_expert_mapping on the MoE layer (or the model)");
 }
 
 }  // namespace reloadsafe

@@ -41,7 +41,7 @@ TEST(Layer, SetattrFollowsModuleRules) {
   layer.set("w", p);  // a parameter replaces the plain attribute
   EXPECT_EQ(layer.kind("w"), SlotKind::kParameter);
   EXPECT_THROW(layer.set("w", at::zeros({2})), c10::Error);  // plain tensor onto a parameter
-  layer.set("w", at::Tensor());  // None keeps the slot
+  layer.set("w", at::Tensor());                              // None keeps the slot
   EXPECT_EQ(layer.kind("w"), SlotKind::kParameter);
   EXPECT_FALSE(layer.get("w").defined());
   layer.register_module("sub", std::make_shared<Layer>());

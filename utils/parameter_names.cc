@@ -49,8 +49,8 @@ std::vector<std::pair<std::string, at::Tensor>> kernel_parameters(const Layer& l
 
 void move_parameter(Layer& layer, const std::string& src_name, const std::string& dst_name) {
   TORCH_CHECK(layer.has(src_name), "move_parameter: the layer has no attribute '", src_name, "'");
-  TORCH_CHECK(layer.kind(src_name) == SlotKind::kParameter,
-              "move_parameter: '", src_name, "' is not a parameter of the layer");
+  TORCH_CHECK(layer.kind(src_name) == SlotKind::kParameter, "move_parameter: '", src_name,
+              "' is not a parameter of the layer");
   at::Tensor param = layer.get(src_name);
   TORCH_CHECK(param.defined(), "move_parameter: parameter '", src_name,
               "' is None; there is no object to register under '", dst_name, "'");

@@ -18,7 +18,9 @@ std::vector<std::string> names_of(const std::vector<std::pair<std::string, at::T
   return names;
 }
 
-at::Tensor param(std::vector<int64_t> shape) { return make_parameter(at::zeros(shape)); }
+at::Tensor param(std::vector<int64_t> shape) {
+  return make_parameter(at::zeros(shape));
+}
 
 TEST(IsLive, Decision) {
   at::Tensor retired = param({2});
@@ -30,12 +32,9 @@ TEST(IsLive, Decision) {
     at::Tensor t;
     bool live;
   } cases[] = {
-      {"None", at::Tensor(), false},
-      {"empty", param({0}), false},
-      {"retired", retired, false},
-      {"retired=false", not_retired, true},
-      {"zero-dim", param({}), true},
-      {"plain", param({3, 2}), true},
+      {"None", at::Tensor(), false}, {"empty", param({0}), false},
+      {"retired", retired, false},   {"retired=false", not_retired, true},
+      {"zero-dim", param({}), true}, {"plain", param({3, 2}), true},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);
@@ -126,13 +125,13 @@ TEST(MoveParameter, Errors) {
     const char* src;
     const char* dst;
   } cases[] = {
-      {"absent", "x"},       // nothing to move
-      {"none", "x"},         // None is not an object
-      {"plain", "x"},        // not a parameter
-      {"weight", "other"},   // another parameter is there
-      {"weight", "buf"},     // a buffer is there
-      {"weight", "plain"},   // a plain attribute is there
-      {"weight", "a.b"},     // not a plain name
+      {"absent", "x"},      // nothing to move
+      {"none", "x"},        // None is not an object
+      {"plain", "x"},       // not a parameter
+      {"weight", "other"},  // another parameter is there
+      {"weight", "buf"},    // a buffer is there
+      {"weight", "plain"},  // a plain attribute is there
+      {"weight", "a.b"},    // not a plain name
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(std::string(c.src) + " -> " + c.dst);

@@ -85,8 +85,8 @@ void set_kernel_parameter(Layer& layer, const std::string& name, const at::Tenso
 
 at::Tensor refill_derived(Layer& obj, const std::string& name, const at::Tensor& new_tensor) {
   const SlotKind kind = obj.kind(name);
-  TORCH_CHECK(kind != SlotKind::kParameter && kind != SlotKind::kBuffer, "refill_derived: '",
-              name, "' is a ", kind == SlotKind::kParameter ? "parameter" : "buffer",
+  TORCH_CHECK(kind != SlotKind::kParameter && kind != SlotKind::kBuffer, "refill_derived: '", name,
+              "' is a ", kind == SlotKind::kParameter ? "parameter" : "buffer",
               "; derived tensors are plain attributes (use replace_parameter for parameters)");
   at::Tensor old = obj.get(name);
   if (old.defined() && new_tensor.defined() && old.sizes() == new_tensor.sizes() &&

@@ -130,7 +130,8 @@ TEST(ReplaceParameter, DirectReloadPlacesAPaddedViewWithGaps) {
   layer.register_param("weight", w);
   Snapshot before(w);
   // ROCm-style padding: 4 rows of 12 valid columns, row stride 32.
-  at::Tensor padded = at::zeros({4, 32}, at::kFloat).narrow(1, 0, 12).copy_(seq({4, 12}, at::kFloat, 9));
+  at::Tensor padded =
+      at::zeros({4, 32}, at::kFloat).narrow(1, 0, 12).copy_(seq({4, 12}, at::kFloat, 9));
   {
     DirectReloadScope direct;
     replace_parameter(layer, "weight", padded);

@@ -67,8 +67,8 @@ at::Tensor storage_view(const c10::Storage& storage, int64_t offset, c10::IntArr
   std::optional<int64_t> end = span ? end_byte(offset, *span, itemsize) : std::nullopt;
   const int64_t nbytes = static_cast<int64_t>(storage.nbytes());
   TORCH_CHECK(end.has_value() && *end <= nbytes, "storage_view: a view of shape ", shape,
-              ", strides ", stride, " and dtype ", dtype, " at element offset ", offset,
-              " needs ", end ? std::to_string(*end) : std::string("more than 2^63"),
+              ", strides ", stride, " and dtype ", dtype, " at element offset ", offset, " needs ",
+              end ? std::to_string(*end) : std::string("more than 2^63"),
               " bytes but the storage has ", nbytes,
               "; views never grow a storage, so choose a layout that fits");
   at::Tensor view = at::empty({0}, at::TensorOptions().dtype(dtype).device(storage.device()));
@@ -78,8 +78,7 @@ at::Tensor storage_view(const c10::Storage& storage, int64_t offset, c10::IntArr
   return view;
 }
 
-at::Tensor in_own_storage(const at::Tensor& old, const at::Tensor& new_tensor,
-                          bool whole_storage) {
+at::Tensor in_own_storage(const at::Tensor& old, const at::Tensor& new_tensor, bool whole_storage) {
   TORCH_CHECK(old.defined() && new_tensor.defined(),
               "in_own_storage: both the old and the new tensor must be defined");
   const c10::Storage& storage = old.storage();
@@ -104,12 +103,12 @@ at::Tensor in_own_storage(const at::Tensor& old, const at::Tensor& new_tensor,
       std::optional<int64_t> old_span = checked_extent(old.sizes(), old.strides());
       int64_t new_bytes = 0;
       int64_t old_bytes = 0;
-      fits = numel > 0 && *span == numel  // neither shared elements nor gaps
-             && old_span == old.numel()  // old's gaps may hold another tensor
-             && !c10::mul_overflows(numel, size, &new_bytes) &&
-             !c10::mul_overflows(old.numel(), static_cast<int64_t>(old.element_size()),
-                                 &old_bytes) &&
-             new_bytes <= old_bytes;
+      fits =
+          numel > 0 && *span == numel  // neither shared elements nor gaps
+          && old_span == old.numel()   // old's gaps may hold another tensor
+          && !c10::mul_overflows(numel, size, &new_bytes) &&
+          !c10::mul_overflows(old.numel(), static_cast<int64_t>(old.element_size()), &old_bytes) &&
+          new_bytes <= old_bytes;
     }
   }
   // Same storage is asked the way the reference asks it: by data pointer.
@@ -126,8 +125,8 @@ at::Tensor in_own_storage(const at::Tensor& old, const at::Tensor& new_tensor,
                 " has stride 0), so several of its elements share one memory location and it "
                 "cannot be written into a storage; make it contiguous first");
   }
-  at::Tensor view = storage_view(storage, offset / size, new_tensor.sizes(),
-                                 new_tensor.strides(), new_tensor.scalar_type());
+  at::Tensor view = storage_view(storage, offset / size, new_tensor.sizes(), new_tensor.strides(),
+                                 new_tensor.scalar_type());
   view.copy_(new_tensor);
   return view;
 }

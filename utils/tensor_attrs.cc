@@ -70,8 +70,8 @@ AttrTable& table() {
 // Names Python resolves on the tensor itself; `hasattr` is true for them on
 // every tensor, so set_weight_attrs may not use them.
 constexpr std::array<const char*, 12> kTensorProperties = {
-    "data", "shape", "dtype", "device", "grad", "requires_grad",
-    "is_meta", "is_cuda", "layout", "ndim", "T", "names"};
+    "data",    "shape",   "dtype",  "device", "grad", "requires_grad",
+    "is_meta", "is_cuda", "layout", "ndim",   "T",    "names"};
 
 }  // namespace
 

@@ -42,8 +42,7 @@ struct WeightLoader {
 
 /// The values attributes can hold: flags, integers, strings, loaders and
 /// tensors (a `_ckpt` record or a requantization source, for example).
-using AttrValue =
-    std::variant<bool, int64_t, double, std::string, WeightLoader, at::Tensor>;
+using AttrValue = std::variant<bool, int64_t, double, std::string, WeightLoader, at::Tensor>;
 
 /// Attributes by name, ordered by name so that reports are deterministic.
 using AttrMap = std::map<std::string, AttrValue>;

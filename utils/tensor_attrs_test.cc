@@ -24,7 +24,9 @@ TEST(TensorAttrs, NewObjectsStartEmpty) {
   struct Case {
     const char* name;
     at::Tensor t;
-  } cases[] = {{"view", p.view({2, 2})}, {"detach", p.detach()}, {"clone", p.clone()},
+  } cases[] = {{"view", p.view({2, 2})},
+               {"detach", p.detach()},
+               {"clone", p.clone()},
                {"make_parameter", make_parameter(p)}};
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);
@@ -37,9 +39,9 @@ TEST(TensorAttrs, Truthiness) {
   struct Case {
     AttrValue v;
     bool truthy;
-  } cases[] = {{false, false}, {true, true}, {int64_t{0}, false}, {int64_t{2}, true},
-               {0.0, false},   {std::string(), false}, {std::string("a"), true},
-               {at::Tensor(), false}, {WeightLoader{"L", nullptr}, true}};
+  } cases[] = {{false, false},           {true, true},          {int64_t{0}, false},
+               {int64_t{2}, true},       {0.0, false},          {std::string(), false},
+               {std::string("a"), true}, {at::Tensor(), false}, {WeightLoader{"L", nullptr}, true}};
   for (size_t i = 0; i < std::size(cases); ++i) {
     SCOPED_TRACE(i);
     EXPECT_EQ(truthy(cases[i].v), cases[i].truthy);

@@ -44,6 +44,6 @@ cc_library(
     linkopts = ["-Wl,--allow-shlib-undefined", "-Wl,--no-as-needed"],
     deps = [
         ":torch_cpu",
-        "@local_cuda//:cuda_headers",
+        "@local_cuda//:cudart",
     ],
 )

@@ -46,13 +46,16 @@ def _runtime_lib_dirs(rctx, env, cache):
     candidates += [
         "/usr/local/cuda/lib64",
         "/usr/local/cuda/extras/CUPTI/lib64",
-        cache + "/cuda-runtime/lib",
     ]
     found = []
     for d in candidates:
         p = rctx.path(d)
         if p.exists and d not in found:
             found.append(d)
+
+    # tools/setup.sh fills this one; list it even before it exists.
+    if cache + "/cuda-runtime/lib" not in found:
+        found.append(cache + "/cuda-runtime/lib")
     return found
 
 def _libtorch_impl(rctx):
@@ -78,7 +81,9 @@ def _libtorch_impl(rctx):
 
     runtime_dirs = _runtime_lib_dirs(rctx, env, cache)
     lib = str(rctx.path("lib").realpath)
-    rpaths = ["-Wl,-rpath," + lib]
+    # DT_RPATH rather than DT_RUNPATH: it also applies to the libraries that
+    # LibTorch's own libraries load (cuDNN, NCCL, cuSPARSELt, ...).
+    rpaths = ["-Wl,--disable-new-dtags", "-Wl,-rpath," + lib]
     for d in runtime_dirs:
         rpaths += ["-Wl,-rpath," + d, "-Wl,-rpath-link," + d]
 
