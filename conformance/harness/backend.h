@@ -1,0 +1,104 @@
+// backend.h: how a backend author describes a backend to the reload harness,
+// and the registry the harness finds backends in.
+//
+// A backend is three things the harness cannot guess: how a layer's weights
+// are created in checkpoint layout (with their weight loaders), what
+// post-processing does after loading (through the reloadsafe utilities), and
+// the forward that kernels (and captured CUDA graphs) run. The harness loads,
+// post-processes and reloads through exactly these, and checks that every
+// tensor the forward reads keeps its address (see harness.h).
+//
+// Registering a backend is one line in its source file:
+//   RELOADSAFE_REGISTER_BACKEND(MyBackend);
+// and its target must be linked with alwayslink = True (see BUILD.bazel).
+#pragma once
+
+#include "utils/layer.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace reloadsafe::harness {
+
+/// A checkpoint: checkpoint parameter name -> tensor in checkpoint layout.
+using Checkpoint = std::map<std::string, at::Tensor>;
+
+/// The reload modes the harness runs.
+enum class ReloadMode { kNormal, kDirect };
+
+const char* to_string(ReloadMode mode);
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  /// A short unique name (used on the command line and in reports).
+  virtual std::string name() const = 0;
+
+  /// What the backend mirrors, in one line, for reports.
+  virtual std::string description() const = 0;
+
+  /// A layer with every checkpoint parameter registered in checkpoint layout
+  /// on `device`, each with its `weight_loader` (use make_checkpoint_param()
+  /// for the default loader).
+  virtual std::shared_ptr<Layer> create_layer(const c10::Device& device) const = 0;
+
+  /// Post-processing after (re)loading: turns checkpoint-layout parameters
+  /// into what the forward reads, through the reloadsafe utilities.
+  virtual void process_weights_after_loading(Layer& layer) const = 0;
+
+  /// The forward that kernels run; reads only kernel-visible tensors.
+  virtual at::Tensor forward(const Layer& layer, const at::Tensor& x) const = 0;
+
+  /// The forward's input: a fixed shape; the harness fills it.
+  virtual std::vector<int64_t> input_shape() const = 0;
+
+  /// Plain attributes of the layer that the forward reads (derived tensors).
+  virtual std::vector<std::string> derived_names() const { return {}; }
+
+  /// The modes in which the backend is expected to keep every address.
+  virtual std::vector<ReloadMode> modes() const {
+    return {ReloadMode::kNormal, ReloadMode::kDirect};
+  }
+
+  /// True for a negative control: a backend that is known to lose addresses,
+  /// which the harness must flag. `expected_violation` names the tensor.
+  virtual bool negative_control() const { return false; }
+  virtual std::string expected_violation() const { return ""; }
+};
+
+/// Creates a checkpoint parameter on `device` with the given layout, its
+/// `_ckpt` record (a meta tensor with the checkpoint layout) and the default
+/// weight loader (default_weight_loader()).
+at::Tensor make_checkpoint_param(std::vector<int64_t> shape, at::ScalarType dtype,
+                                 const c10::Device& device);
+
+/// The default weight loader: puts the parameter back into its checkpoint
+/// layout (`_ckpt`) on the storage it has, when that storage holds it, else
+/// on a new storage; then copy_weight_(param, loaded).
+void default_weight_loader(at::Tensor& param, const at::Tensor& loaded);
+
+/// The registry: every backend registered with RELOADSAFE_REGISTER_BACKEND.
+class BackendRegistry {
+ public:
+  using Factory = std::function<std::unique_ptr<Backend>()>;
+  static BackendRegistry& instance();
+  bool add(Factory factory);
+  /// All backends, sorted by name (negative controls included).
+  std::vector<std::unique_ptr<Backend>> create_all() const;
+
+ private:
+  std::vector<Factory> factories_;
+};
+
+}  // namespace reloadsafe::harness
+
+#define RELOADSAFE_REGISTER_BACKEND(Type)                     \
+  static const bool reloadsafe_registered_##Type =            \
+      ::reloadsafe::harness::BackendRegistry::instance().add( \
+          [] { return std::unique_ptr<::reloadsafe::harness::Backend>(new Type()); })
