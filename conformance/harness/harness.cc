@@ -53,17 +53,6 @@ std::string hex_ptr(const void* p) {
 
 using Records = std::vector<std::pair<std::string, TensorRecord>>;
 
-Records record_kernel_visible(const Backend& backend, const Layer& layer) {
-  Records records;
-  for (const auto& [name, param] : kernel_parameters(layer))
-    records.emplace_back(name, TensorRecord(param));
-  for (const auto& name : backend.derived_names()) {
-    at::Tensor t = layer.get(name);
-    if (t.defined()) records.emplace_back(name, TensorRecord(t));
-  }
-  return records;
-}
-
 // The checkpoint layouts of a freshly created layer: every parameter slot
 // carrying a `_ckpt` record (a meta tensor with the checkpoint layout).
 // Post-processing may replace those objects, so this is read once, up front.
@@ -80,7 +69,7 @@ Checkpoint checkpoint_layouts(const Layer& layer) {
 
 // A random checkpoint with the given layouts, on the CPU (where an mmap'd
 // checkpoint lives).
-Checkpoint random_checkpoint(const Checkpoint& layouts, uint64_t seed) {
+Checkpoint draw_checkpoint(const Checkpoint& layouts, uint64_t seed) {
   at::Generator gen = at::detail::createCPUGenerator(seed);
   Checkpoint ckpt;
   for (const auto& [name, meta] : layouts) {
@@ -107,17 +96,10 @@ void load(Layer& layer, const Checkpoint& ckpt) {
   }
 }
 
-std::shared_ptr<Layer> cold_load(const Backend& backend, const c10::Device& device, uint64_t seed,
-                                 Checkpoint* layouts_out) {
-  auto layer = backend.create_layer(device);
-  const Checkpoint layouts = checkpoint_layouts(*layer);
-  TORCH_CHECK(!layouts.empty(), "backend '", backend.name(),
-              "' created no checkpoint parameter (use make_checkpoint_param or set _ckpt)");
-  Checkpoint ckpt = random_checkpoint(layouts, seed);
-  load(*layer, ckpt);
-  backend.process_weights_after_loading(*layer);
-  if (layouts_out != nullptr) *layouts_out = layouts;
-  return layer;
+Records records_of(const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  Records records;
+  for (const auto& [name, t] : tensors) records.emplace_back(name, TensorRecord(t));
+  return records;
 }
 
 class ViolationSink {
@@ -179,9 +161,8 @@ ModeReport run_mode(const Backend& backend, ReloadMode mode, const RunOptions& o
   report.expected_to_pass = std::find(declared.begin(), declared.end(), mode) != declared.end();
   ViolationSink sink(report, options.max_listed);
   try {
-    Checkpoint layouts;
-    auto layer = cold_load(backend, options.device, options.seed, &layouts);
-    const Records recorded = record_kernel_visible(backend, *layer);
+    ReloadSession session(backend, options.device, options.seed);
+    const Records recorded = records_of(session.kernel_visible());
     at::Generator gen = at::detail::createCPUGenerator(options.seed + 7919);
     const at::Tensor x = at::randn(backend.input_shape(), gen, at::kFloat).to(options.device);
     const at::Tensor x_copy = x.clone();
@@ -190,29 +171,22 @@ ModeReport run_mode(const Backend& backend, ReloadMode mode, const RunOptions& o
 
     for (int r = 1; r <= options.reloads; ++r) {
       const uint64_t seed = options.seed + 1000003ull * r;
-      Checkpoint ckpt = random_checkpoint(layouts, seed);
+      const Checkpoint ckpt = session.random_checkpoint(seed);
       Checkpoint pristine;
       for (const auto& [n, t] : ckpt) pristine.emplace(n, t.clone());
-      {
-        DirectReloadScope direct(mode == ReloadMode::kDirect);
-        load(*layer, ckpt);
-        backend.process_weights_after_loading(*layer);
-      }
+      session.reload(mode, ckpt);
       report.reloads_done = r;
-      compare_records(recorded, record_kernel_visible(backend, *layer), r, sink);
+      compare_records(recorded, records_of(session.kernel_visible()), r, sink);
       for (const auto& [n, t] : ckpt) {
+        // The loaders and post-processing must not write into the checkpoint.
         if (!same_bytes(t, pristine.at(n))) sink.add(r, "checkpoint:" + n, "bytes changed", "", "");
       }
       if (!same_bytes(x, x_copy)) sink.add(r, "input", "bytes changed", "", "");
       if (!at::equal(canary.cpu(), at::full({4096}, 0x5a, at::kByte)))
         sink.add(r, "canary", "bytes changed", "", "");
 
-      const at::Tensor out = backend.forward(*layer, x);
-      Checkpoint again = ckpt;
-      auto fresh = backend.create_layer(options.device);
-      load(*fresh, again);
-      backend.process_weights_after_loading(*fresh);
-      const at::Tensor expected = backend.forward(*fresh, x);
+      const at::Tensor out = backend.forward(session.layer(), x);
+      const at::Tensor expected = session.cold_forward(ckpt, x);
       if (!at::allclose(out.cpu(), expected.cpu(), 1e-5, 1e-5)) {
         std::ostringstream b;
         b << "max |diff| " << (out.cpu() - expected.cpu()).abs().max().item<double>();
@@ -228,6 +202,42 @@ ModeReport run_mode(const Backend& backend, ReloadMode mode, const RunOptions& o
 }
 
 }  // namespace
+
+ReloadSession::ReloadSession(const Backend& backend, const c10::Device& device, uint64_t seed)
+    : backend_(backend), device_(device) {
+  layer_ = backend_.create_layer(device_);
+  layouts_ = checkpoint_layouts(*layer_);
+  TORCH_CHECK(!layouts_.empty(), "backend '", backend_.name(),
+              "' created no checkpoint parameter (use make_checkpoint_param or set _ckpt)");
+  load(*layer_, draw_checkpoint(layouts_, seed));
+  backend_.process_weights_after_loading(*layer_);
+}
+
+Checkpoint ReloadSession::random_checkpoint(uint64_t seed) const {
+  return draw_checkpoint(layouts_, seed);
+}
+
+void ReloadSession::reload(ReloadMode mode, const Checkpoint& ckpt) {
+  DirectReloadScope direct(mode == ReloadMode::kDirect);
+  load(*layer_, ckpt);
+  backend_.process_weights_after_loading(*layer_);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ReloadSession::kernel_visible() const {
+  auto tensors = kernel_parameters(*layer_);
+  for (const auto& name : backend_.derived_names()) {
+    at::Tensor t = layer_->get(name);
+    if (t.defined()) tensors.emplace_back(name, t);
+  }
+  return tensors;
+}
+
+at::Tensor ReloadSession::cold_forward(const Checkpoint& ckpt, const at::Tensor& x) const {
+  auto fresh = backend_.create_layer(device_);
+  load(*fresh, ckpt);
+  backend_.process_weights_after_loading(*fresh);
+  return backend_.forward(*fresh, x);
+}
 
 bool BackendReport::ok() const {
   if (negative_control) {

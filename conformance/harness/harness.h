@@ -71,6 +71,40 @@ struct BackendReport {
   bool ok() const;
 };
 
+/// One layer taken through the reload protocol step by step; run_backend
+/// drives it, and so do the CUDA-graph tests, between capture and replays.
+class ReloadSession {
+ public:
+  /// The cold load: creates the layer on `device`, loads a random checkpoint
+  /// (drawn from `seed`) through each parameter's weight_loader, and
+  /// post-processes it.
+  ReloadSession(const Backend& backend, const c10::Device& device, uint64_t seed);
+
+  Layer& layer() { return *layer_; }
+
+  /// A random checkpoint for this layer, drawn from `seed`, on the CPU (where
+  /// an mmap'd checkpoint lives).
+  Checkpoint random_checkpoint(uint64_t seed) const;
+
+  /// A reload: `ckpt` through the same loaders, then post-processing, inside
+  /// a DirectReloadScope in the direct mode.
+  void reload(ReloadMode mode, const Checkpoint& ckpt);
+
+  /// Every tensor the forward reads: live parameters under their runtime
+  /// names, then the backend's derived tensors.
+  std::vector<std::pair<std::string, at::Tensor>> kernel_visible() const;
+
+  /// The forward on `x` of a fresh cold load of `ckpt` on the same device:
+  /// what a reload of `ckpt` must reproduce.
+  at::Tensor cold_forward(const Checkpoint& ckpt, const at::Tensor& x) const;
+
+ private:
+  const Backend& backend_;
+  c10::Device device_;
+  Checkpoint layouts_;
+  std::shared_ptr<Layer> layer_;
+};
+
 /// Runs the protocol for `backend` in both modes.
 BackendReport run_backend(const Backend& backend, const RunOptions& options);
 
