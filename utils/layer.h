@@ -117,6 +117,7 @@ class Layer : public torch::nn::Module {
 /// `get_moe_expert_mapping(model)`: the mapping returned by the first module
 /// of `model` (in `named_modules()` order, `model` itself first) that is a
 /// Layer with a `get_expert_mapping` method. Throws if there is none.
+/// Addresses: reads module names only; no tensor is touched.
 ExpertMapping get_moe_expert_mapping(torch::nn::Module& model);
 
 }  // namespace reloadsafe

@@ -89,7 +89,8 @@ at::Tensor make_parameter(const at::Tensor& data);
 /// one of the tensor's own properties (`data`, `shape`, `dtype`, ...), it
 /// throws and sets none of them (Python sets the keys before the failing one;
 /// the C++ port checks all first, so a failed call changes nothing).
-/// `std::nullopt` does nothing. Touches no tensor data.
+/// `std::nullopt` does nothing. Addresses: touches no tensor data; the weight
+/// keeps its storage and data pointer.
 void set_weight_attrs(const at::Tensor& weight, const std::optional<AttrMap>& weight_attrs);
 
 namespace detail {
