@@ -1,141 +1,404 @@
-// Ways of getting checkpoint bytes from a file into a weight on the CPU, and
-// the limits they are judged against. Each iteration maps the file afresh
-// (warm page cache: the file stays resident), so page faults are part of the
-// measured cost, as when a checkpoint is loaded from safetensors.
+// copy_bench: ways of getting checkpoint bytes from a file into a weight, and
+// the hardware limits they are judged against, in one run.
 //
-//   bazel run -c opt //bench:copy_bench -- --benchmark_out=copy.json
+//   bazel run -c opt //bench:copy_bench -- --benchmark_out=$PWD/copy.json
+//   bazel run -c opt //bench:copy_bench -- --reloadsafe_large   # adds 1 GiB
+//
+// Names: BM_FileCopy/<destination>/<cache>/<strategy>/bytes:<N>/manual_time
+//   destination  cpu; cuda_discrete or cuda_integrated (from the device's
+//                cudaDevAttrIntegrated) where a CUDA device is visible
+//   cache        warm: the file is resident in the page cache;
+//                cold: evicted (POSIX_FADV_DONTNEED) before each iteration
+//   strategy     mmap_copy, copy_weight_touch, populate_read, map_populate,
+//                pread (CPU), pread_pinned_staging (CUDA); see kStrategies
+// and BM_Limit/<destination>/<limit>/bytes:<N>/manual_time for the limits:
+// memcpy between resident buffers, the file's sequential read when cold, and
+// pinned host-to-device copies.
+//
+// Every iteration maps the file afresh, so page faults are part of the
+// measured cost, as when a safetensors checkpoint is loaded; mapping and
+// unmapping are timed too. Only the load is timed (manual time, steady
+// clock, ending after the device has finished): cache eviction and the
+// residency probe run outside it. Counters per iteration: minor_faults,
+// major_faults, and resident_at_start (the fraction of the file's pages in
+// the page cache when the timed region starts: 1 warm, about 0 cold).
+#include "bench/bench_main.h"
+#include "bench/checkpoint_file.h"
 #include "utils/copy_weight.h"
 
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
-#include <unistd.h>
 
-#include <cstdlib>
+#include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <iostream>
+#include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
-namespace reloadsafe {
+#if RELOADSAFE_BENCH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22  // Linux 5.14; older C libraries lack the name
+#endif
+
+namespace reloadsafe::bench {
 namespace {
 
-// A temporary file of `nbytes` bytes, removed on destruction.
-class TempFile {
+using Clock = std::chrono::steady_clock;
+
+enum class Cache { kWarm, kCold };
+enum class StrategyId {
+  kMmapCopy,
+  kCopyWeightTouch,
+  kPopulateRead,
+  kMapPopulate,
+  kPread,
+  kStaging
+};
+
+struct Strategy {
+  StrategyId id;
+  const char* name;   // in the benchmark name: never rename (baselines match on it)
+  const char* label;  // the benchmark's label in the results
+  bool to_cpu;
+  bool to_cuda;
+};
+
+constexpr Strategy kStrategies[] = {
+    {StrategyId::kMmapCopy, "mmap_copy", "copy_ from a fresh read-only mapping", true, true},
+    {StrategyId::kCopyWeightTouch, "copy_weight_touch",
+     "copy_weight_, integrated path forced (ScopedIntegratedGpuOverride): page touch, copy_", true,
+     true},
+    {StrategyId::kPopulateRead, "populate_read",
+     "madvise(MADV_POPULATE_READ) on the mapping, then copy_", true, true},
+    {StrategyId::kMapPopulate, "map_populate", "mmap(MAP_POPULATE), then copy_", true, true},
+    {StrategyId::kPread, "pread", "pread straight into the destination, no mapping", true, false},
+    {StrategyId::kStaging, "pread_pinned_staging",
+     "pread into two reused pinned buffers, host-to-device copies overlapped on a stream", false,
+     true},
+};
+
+/// Where the bytes go.
+struct Destination {
+  bool cuda = false;
+  std::string name;  // cpu, cuda_discrete, cuda_integrated
+};
+
+at::Tensor resident_cpu_bytes(int64_t n, uint8_t value) {
+  at::Tensor t = at::empty({n}, at::kByte);
+  t.fill_(value);  // faults every page in before anything is timed
+  return t;
+}
+
+#if RELOADSAFE_BENCH_CUDA
+at::Tensor cuda_bytes(int64_t n) {
+  return at::zeros({n}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA, 0));
+}
+
+at::Tensor pinned_bytes(int64_t n) {
+  return at::empty({n}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+}
+
+// Note [Pinned staging]
+// A host-to-device copy from pageable memory is staged by the driver through
+// its own pinned buffers, one chunk at a time, without overlapping the reads
+// that fill them. Here the loader stages itself: it preads a chunk into one of
+// two pinned buffers while the DMA engine copies the other one out, so disk
+// (or page cache) reads and the copy overlap. An event per buffer says when
+// its last copy has finished and it may be refilled. Both buffers live as long
+// as the loader: pinning memory costs far more than a copy.
+class PinnedStaging {
  public:
-  explicit TempFile(int64_t nbytes) : nbytes_(nbytes) {
-    const char* dir = std::getenv("TEST_TMPDIR");
-    path_ = std::string(dir ? dir : "/tmp") + "/reloadsafe_bench_XXXXXX";
-    fd_ = mkstemp(path_.data());
-    std::string chunk(1 << 20, '\x5a');
-    for (int64_t done = 0; done < nbytes;) {
-      const auto n = static_cast<size_t>(std::min<int64_t>(chunk.size(), nbytes - done));
-      done += write(fd_, chunk.data(), n);
+  explicit PinnedStaging(int64_t chunk_bytes) : stream_(c10::cuda::getStreamFromPool()) {
+    for (at::Tensor& b : buffers_) b = pinned_bytes(chunk_bytes);
+  }
+
+  /// Copies all of `file` into `dst` (a CUDA byte tensor of the file's size);
+  /// returns when the copies have finished.
+  void load(const CheckpointFile& file, at::Tensor& dst) {
+    const int64_t chunk = buffers_[0].numel();
+    auto* out = static_cast<uint8_t*>(dst.data_ptr());
+    int slot = 0;
+    for (int64_t off = 0; off < file.nbytes(); off += chunk, slot ^= 1) {
+      const int64_t n = std::min(chunk, file.nbytes() - off);
+      copied_[slot].synchronize();  // no-op until the event is first recorded
+      file.read(buffers_[slot].data_ptr(), off, n);
+      C10_CUDA_CHECK(cudaMemcpyAsync(out + off, buffers_[slot].data_ptr(), n,
+                                     cudaMemcpyHostToDevice, stream_.stream()));
+      copied_[slot].record(stream_);
     }
-    fsync(fd_);
+    stream_.synchronize();
   }
-  ~TempFile() {
-    close(fd_);
-    unlink(path_.c_str());
-  }
-  int fd() const { return fd_; }
-  int64_t nbytes() const { return nbytes_; }
 
  private:
-  int64_t nbytes_;
-  std::string path_;
-  int fd_;
+  at::Tensor buffers_[2];
+  at::cuda::CUDAEvent copied_[2];
+  c10::cuda::CUDAStream stream_;
 };
 
-// A read-only mapping of a file, unmapped on destruction.
-struct Mapping {
-  Mapping(const TempFile& f, int extra_flags) : nbytes(f.nbytes()) {
-    ptr = mmap(nullptr, nbytes, PROT_READ, MAP_PRIVATE | extra_flags, f.fd(), 0);
-    if (ptr == MAP_FAILED) std::abort();
-  }
-  ~Mapping() { munmap(ptr, nbytes); }
-  at::Tensor tensor() const {
-    return at::from_blob(ptr, {static_cast<int64_t>(nbytes)}, at::kByte);
-  }
-  size_t nbytes;
-  void* ptr;
-};
+constexpr int64_t kStagingChunk = 16 << 20;
+#endif  // RELOADSAFE_BENCH_CUDA
 
-enum Strategy { kCopy, kCopyWeight, kPopulateRead, kMapPopulate, kPread, kMemcpyLimit };
-
-void add_fault_counters(benchmark::State& state, const rusage& before) {
-  rusage after{};
-  getrusage(RUSAGE_SELF, &after);
-  const double iters = static_cast<double>(state.iterations());
-  state.counters["minor_faults"] = (after.ru_minflt - before.ru_minflt) / iters;
-  state.counters["major_faults"] = (after.ru_majflt - before.ru_majflt) / iters;
-}
-
-void BM_FileToCpu(benchmark::State& state) {
-  const auto strategy = static_cast<Strategy>(state.range(0));
-  const int64_t nbytes = state.range(1);
-  TempFile file(nbytes);
-  at::Tensor dst = at::zeros({nbytes}, at::kByte);
-  at::Tensor resident = at::ones({nbytes}, at::kByte);
-  ScopedIntegratedGpuOverride integrated(strategy == kCopyWeight);
-  rusage before{};
-  getrusage(RUSAGE_SELF, &before);
-  for (auto _ : state) {
-    switch (strategy) {
-      case kCopy:
-      case kCopyWeight: {
-        Mapping m(file, 0);
-        copy_weight_(dst, m.tensor());
-        break;
-      }
-      case kPopulateRead: {
-        Mapping m(file, 0);
-#ifdef MADV_POPULATE_READ
-        madvise(m.ptr, m.nbytes, MADV_POPULATE_READ);
+// Waits until the device has finished all work queued so far (the timed
+// region ends after the copy, not after its launch).
+void finish(const Destination& dest) {
+#if RELOADSAFE_BENCH_CUDA
+  if (dest.cuda) c10::cuda::getCurrentCUDAStream().synchronize();
 #endif
-        dst.copy_(m.tensor());
-        break;
-      }
-      case kMapPopulate: {
-        Mapping m(file, MAP_POPULATE);
-        dst.copy_(m.tensor());
-        break;
-      }
-      case kPread: {
-        auto* out = static_cast<char*>(dst.data_ptr());
-        for (int64_t done = 0; done < nbytes;) {
-          const ssize_t n = pread(file.fd(), out + done, nbytes - done, done);
-          if (n <= 0) {
-            state.SkipWithError("pread failed");
-            break;
-          }
-          done += n;
-        }
-        break;
-      }
-      case kMemcpyLimit:
-        std::memcpy(dst.data_ptr(), resident.data_ptr(), nbytes);
-        break;
-    }
-    benchmark::DoNotOptimize(dst.data_ptr());
-    benchmark::ClobberMemory();
-  }
-  state.SetBytesProcessed(state.iterations() * nbytes);
-  add_fault_counters(state, before);
-  static const char* kNames[] = {"copy_",        "copy_weight_", "populate_read",
-                                 "map_populate", "pread",        "memcpy_limit"};
-  state.SetLabel(kNames[strategy]);
 }
 
-BENCHMARK(BM_FileToCpu)
-    ->ArgNames({"strategy", "bytes"})
-    ->ArgsProduct({{kCopy, kCopyWeight, kPopulateRead, kMapPopulate, kPread, kMemcpyLimit},
-                   {1 << 20, 16 << 20, 64 << 20, 256 << 20}})
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
+// Runs `load` once per iteration, timing only it, and sets the counters.
+// `file` (may be null) is evicted first when `cache` is cold.
+template <class Load>
+void time_iterations(benchmark::State& state, const CheckpointFile* file, Cache cache,
+                     Load&& load) {
+  double resident = 0;
+  int64_t minor = 0;
+  int64_t major = 0;
+  for (auto _ : state) {
+    if (file != nullptr) {
+      if (cache == Cache::kCold) file->drop_cached();
+      resident += file->resident_fraction();
+    }
+    const FaultCount f0 = FaultCount::now();
+    const Clock::time_point t0 = Clock::now();
+    load();
+    const Clock::time_point t1 = Clock::now();
+    const FaultCount f1 = FaultCount::now();
+    state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
+    minor += f1.minor - f0.minor;
+    major += f1.major - f0.major;
+  }
+  state.SetBytesProcessed(state.iterations() * state.range(0));
+  state.counters["minor_faults"] =
+      benchmark::Counter(static_cast<double>(minor), benchmark::Counter::kAvgIterations);
+  state.counters["major_faults"] =
+      benchmark::Counter(static_cast<double>(major), benchmark::Counter::kAvgIterations);
+  if (file != nullptr) {
+    state.counters["resident_at_start"] =
+        benchmark::Counter(resident, benchmark::Counter::kAvgIterations);
+  }
+}
+
+// Calls `body`, turning an exception into a failed benchmark with its message.
+template <class Body>
+void guarded(benchmark::State& state, Body&& body) {
+  try {
+    body();
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+void file_copy(benchmark::State& state, const Destination& dest, Cache cache,
+               const Strategy& strategy) {
+  guarded(state, [&] {
+    const int64_t nbytes = state.range(0);
+    const CheckpointFile& file = CheckpointFile::shared(nbytes);
+    at::Tensor dst;
+#if RELOADSAFE_BENCH_CUDA
+    std::unique_ptr<PinnedStaging> staging;
+    if (dest.cuda) dst = cuda_bytes(nbytes);
+    if (strategy.id == StrategyId::kStaging) {
+      staging = std::make_unique<PinnedStaging>(std::min(nbytes, kStagingChunk));
+    }
+#endif
+    if (!dest.cuda) dst = resident_cpu_bytes(nbytes, 0);
+    if (cache == Cache::kWarm) file.make_resident();
+#if RELOADSAFE_BENCH_CUDA
+    // The zero fill runs on the current stream; staging copies on another.
+    if (dest.cuda) c10::cuda::device_synchronize();
+#endif
+
+    time_iterations(state, &file, cache, [&] {
+      switch (strategy.id) {
+        case StrategyId::kMmapCopy: {
+          ReadOnlyMapping map(file);
+          dst.copy_(map.bytes());
+          break;
+        }
+        case StrategyId::kCopyWeightTouch: {
+          ScopedIntegratedGpuOverride integrated(true);
+          ReadOnlyMapping map(file);
+          copy_weight_(dst, map.bytes());
+          break;
+        }
+        case StrategyId::kPopulateRead: {
+          ReadOnlyMapping map(file);
+          TORCH_CHECK(madvise(map.data(), map.nbytes(), MADV_POPULATE_READ) == 0,
+                      "madvise(MADV_POPULATE_READ) failed: ", std::strerror(errno));
+          dst.copy_(map.bytes());
+          break;
+        }
+        case StrategyId::kMapPopulate: {
+          ReadOnlyMapping map(file, MAP_POPULATE);
+          dst.copy_(map.bytes());
+          break;
+        }
+        case StrategyId::kPread:
+          file.read(dst.data_ptr(), 0, nbytes);
+          break;
+        case StrategyId::kStaging:
+#if RELOADSAFE_BENCH_CUDA
+          staging->load(file, dst);
+#endif
+          break;
+      }
+      finish(dest);
+    });
+    state.SetLabel(strategy.label);
+    if (!file.holds_contents(dst)) {
+      state.SkipWithError("the destination does not hold the file's bytes after the copy");
+    }
+  });
+}
+
+void limit_memcpy(benchmark::State& state) {
+  guarded(state, [&] {
+    const int64_t nbytes = state.range(0);
+    at::Tensor src = resident_cpu_bytes(nbytes, 1);
+    at::Tensor dst = resident_cpu_bytes(nbytes, 0);
+    time_iterations(state, nullptr, Cache::kWarm, [&] {
+      std::memcpy(dst.data_ptr(), src.data_ptr(), nbytes);
+      benchmark::ClobberMemory();
+    });
+    state.SetLabel("memcpy between resident buffers (one thread)");
+  });
+}
+
+void limit_cold_read(benchmark::State& state) {
+  guarded(state, [&] {
+    const int64_t nbytes = state.range(0);
+    const CheckpointFile& file = CheckpointFile::shared(nbytes);
+    // A buffer that stays in cache: what is measured is the file's read.
+    at::Tensor buf = resident_cpu_bytes(std::min<int64_t>(nbytes, 8 << 20), 0);
+    time_iterations(state, &file, Cache::kCold, [&] {
+      for (int64_t off = 0; off < nbytes; off += buf.numel()) {
+        file.read(buf.data_ptr(), off, std::min(buf.numel(), nbytes - off));
+      }
+    });
+    state.SetLabel("sequential pread of the evicted file, 8 MiB requests");
+  });
+}
+
+#if RELOADSAFE_BENCH_CUDA
+void limit_pinned_h2d(benchmark::State& state) {
+  guarded(state, [&] {
+    const int64_t nbytes = state.range(0);
+    at::Tensor src = pinned_bytes(nbytes);
+    src.fill_(1);
+    at::Tensor dst = cuda_bytes(nbytes);
+    c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool();
+    c10::cuda::device_synchronize();  // the zero fill ran on another stream
+    time_iterations(state, nullptr, Cache::kWarm, [&] {
+      C10_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), nbytes, cudaMemcpyHostToDevice,
+                                     stream.stream()));
+      stream.synchronize();
+    });
+    state.SetLabel("cudaMemcpyAsync from pinned host memory");
+  });
+}
+#endif
+
+// The CUDA destination, or why there is none.
+std::optional<Destination> cuda_destination(std::string* why) {
+#if RELOADSAFE_BENCH_CUDA
+  if (!at::hasCUDA()) {
+    *why = "skipped: at::hasCUDA() is false (no CUDA device visible)";
+    return std::nullopt;
+  }
+  c10::cuda::set_device(0);
+  const bool integrated = is_integrated_gpu(c10::Device(at::kCUDA, 0));
+  *why = std::string(integrated ? "cuda_integrated" : "cuda_discrete") + " (device 0, " +
+         at::cuda::getDeviceProperties(0)->name + ")";
+  return Destination{true, integrated ? "cuda_integrated" : "cuda_discrete"};
+#else
+  *why = "not compiled: no CUDA Toolkit when the workspace was configured";
+  return std::nullopt;
+#endif
+}
+
+benchmark::internal::Benchmark* with_sizes(benchmark::internal::Benchmark* b,
+                                           const std::vector<int64_t>& sizes) {
+  b->ArgName("bytes");
+  for (int64_t n : sizes) b->Arg(n);
+  return b->UseManualTime()->Unit(benchmark::kMicrosecond);
+}
+
+BenchMainOptions register_benchmarks(bool large) {
+  std::vector<int64_t> sizes = {1 << 20, 16 << 20, 64 << 20, 256 << 20};
+  if (large) sizes.push_back(int64_t{1} << 30);
+
+  BenchMainOptions options;
+  options.help =
+      "  --reloadsafe_large                also measure 1 GiB (a 1 GiB scratch file, 3 GiB of "
+      "memory)\n";
+  std::string populate_why;
+  const bool populate_ok = populate_read_supported(&populate_why);
+  std::string cuda_why;
+  std::vector<Destination> dests = {{false, "cpu"}};
+  if (auto cuda = cuda_destination(&cuda_why)) dests.push_back(*cuda);
+  std::cerr << "copy_bench: CUDA destination: " << cuda_why << "\n";
+  if (!populate_ok) std::cerr << "copy_bench: populate_read skipped: " << populate_why << "\n";
+
+  for (const Destination& dest : dests) {
+    for (Cache cache : {Cache::kWarm, Cache::kCold}) {
+      for (const Strategy& s : kStrategies) {
+        if (!(dest.cuda ? s.to_cuda : s.to_cpu)) continue;
+        if (s.id == StrategyId::kPopulateRead && !populate_ok) continue;
+        const std::string name =
+            "BM_FileCopy/" + dest.name + "/" + (cache == Cache::kWarm ? "warm/" : "cold/") + s.name;
+        with_sizes(benchmark::RegisterBenchmark(
+                       name.c_str(),
+                       [dest, cache, s](benchmark::State& st) { file_copy(st, dest, cache, s); }),
+                   sizes);
+      }
+    }
+  }
+  with_sizes(benchmark::RegisterBenchmark("BM_Limit/cpu/memcpy", limit_memcpy), sizes);
+  with_sizes(benchmark::RegisterBenchmark("BM_Limit/cpu/cold_seq_read", limit_cold_read), sizes);
+  options.targets.push_back({Target::Kind::kBestAtLeast,
+                             "file -> cpu: best warm strategy / memcpy limit",
+                             "BM_FileCopy/cpu/warm/", "BM_Limit/cpu/memcpy/", 64 << 20, 0.8});
+#if RELOADSAFE_BENCH_CUDA
+  for (const Destination& dest : dests) {
+    if (!dest.cuda) continue;
+    const std::string limit = "BM_Limit/" + dest.name + "/pinned_h2d";
+    with_sizes(benchmark::RegisterBenchmark(limit.c_str(), limit_pinned_h2d), sizes);
+    options.targets.push_back({Target::Kind::kBestAtLeast,
+                               "file -> " + dest.name + ": best warm strategy / pinned H2D limit",
+                               "BM_FileCopy/" + dest.name + "/warm/", limit + "/", 64 << 20, 0.8});
+  }
+#endif
+
+  std::string size_list;
+  for (int64_t n : sizes) size_list += (size_list.empty() ? "" : ",") + std::to_string(n);
+  for (const Destination& dest : dests) {
+    options.references.emplace_back("BM_FileCopy/" + dest.name + "/cold/",
+                                    "BM_Limit/cpu/cold_seq_read/");
+  }
+  options.context = {{"copy_bench_sizes", size_list},
+                     {"copy_bench_cuda_destination", cuda_why},
+                     {"copy_bench_populate_read", populate_ok ? "supported" : populate_why}};
+  return options;
+}
 
 }  // namespace
-}  // namespace reloadsafe
+}  // namespace reloadsafe::bench
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  using namespace reloadsafe::bench;
+  const bool large = take_flag(&argc, argv, "reloadsafe_large").has_value();
+  return run_benchmarks(argc, argv, register_benchmarks(large));
+}

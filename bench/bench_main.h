@@ -1,0 +1,58 @@
+// bench_main.h: the main() of reloadsafe's benchmark binaries, in place of
+// BENCHMARK_MAIN().
+//
+// On top of what BENCHMARK_MAIN() does, it adds the machine context
+// (machine_context.h) to the results, and after the run it judges the
+// binary's targets (targets.h) on the results of that run: on the median of
+// the repetitions when the benchmarks were repeated.
+//
+// Flags of its own (removed before Google Benchmark sees the arguments):
+//   --reloadsafe_targets_out=<file>  also write the target results as JSON.
+// A binary's own flags are taken with take_flag() before run_benchmarks().
+//
+// Usage:
+//   int main(int argc, char** argv) {
+//     const bool large = reloadsafe::bench::take_flag(&argc, argv, "my_flag").has_value();
+//     register_benchmarks(large);
+//     return reloadsafe::bench::run_benchmarks(argc, argv, {targets, extra_context, help});
+//   }
+#pragma once
+
+#include "bench/machine_context.h"
+#include "bench/targets.h"
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace reloadsafe::bench {
+
+/// Removes `--<name>` or `--<name>=<value>` from argv (the last one wins if
+/// given more than once) and returns its value: "" when given without one,
+/// std::nullopt when not given.
+std::optional<std::string> take_flag(int* argc, char** argv, const std::string& name);
+
+/// What a benchmark binary adds to the common main.
+struct BenchMainOptions {
+  /// Targets judged at the end of the run.
+  std::vector<Target> targets;
+  /// Benchmarks (name prefix) and the limit (name prefix) each is measured
+  /// against, besides those the ratio targets name. Written to the context as
+  /// `reloadsafe_references` ("prefix=limit;..."): bench/compare.py judges a
+  /// slowdown relative to the limit of the same run, so a machine that is
+  /// slower as a whole is not taken for a regression.
+  std::vector<std::pair<std::string, std::string>> references;
+  /// Context entries besides machine_context() (e.g. which optional
+  /// benchmarks were registered).
+  std::vector<ContextEntry> context;
+  /// Lines describing the binary's own flags, printed by --help.
+  std::string help;
+};
+
+/// Initialises Google Benchmark with argv, runs the benchmarks the flags
+/// select, prints the targets, and returns the exit status: 1 for an
+/// unrecognised argument, else 0 (targets are reported, not enforced).
+int run_benchmarks(int argc, char** argv, const BenchMainOptions& options);
+
+}  // namespace reloadsafe::bench

@@ -1,0 +1,152 @@
+#include "bench/checkpoint_file.h"
+
+#include "bench/machine_context.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22  // Linux 5.14; older C libraries lack the name
+#endif
+
+namespace reloadsafe::bench {
+namespace {
+
+std::string errno_text() {
+  return std::strerror(errno);
+}
+
+int64_t page_bytes() {
+  return sysconf(_SC_PAGESIZE);
+}
+
+}  // namespace
+
+CheckpointFile::CheckpointFile(int64_t nbytes) : nbytes_(nbytes) {
+  TORCH_CHECK(nbytes > 0 && nbytes % 8 == 0, "CheckpointFile: size ", nbytes,
+              " must be a positive multiple of 8");
+  std::string path = scratch_dir() + "/reloadsafe_bench_XXXXXX";
+  fd_ = mkstemp(path.data());
+  TORCH_CHECK(fd_ >= 0, "CheckpointFile: cannot create a file in ", scratch_dir(), ": ",
+              errno_text(), " (set RELOADSAFE_BENCH_DIR to a writable folder)");
+  unlink(path.c_str());
+  constexpr int64_t kChunkWords = 1 << 17;  // 1 MiB
+  std::vector<int64_t> chunk(kChunkWords);
+  for (int64_t done = 0; done < nbytes;) {
+    const int64_t n = std::min<int64_t>(kChunkWords * 8, nbytes - done);
+    for (int64_t w = 0; w < n / 8; ++w) chunk[w] = done + 8 * w;
+    const ssize_t wrote = pwrite(fd_, chunk.data(), n, done);
+    TORCH_CHECK(wrote > 0, "CheckpointFile: writing ", nbytes, " bytes to ", scratch_dir(),
+                " failed at byte ", done, ": ", errno_text());
+    done += wrote;
+  }
+  TORCH_CHECK(fsync(fd_) == 0, "CheckpointFile: fsync failed: ", errno_text());
+}
+
+CheckpointFile::~CheckpointFile() {
+  close(fd_);
+}
+
+const CheckpointFile& CheckpointFile::shared(int64_t nbytes) {
+  static std::mutex mutex;
+  static std::map<int64_t, std::unique_ptr<CheckpointFile>> files;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& file = files[nbytes];
+  if (!file) file = std::make_unique<CheckpointFile>(nbytes);
+  return *file;
+}
+
+void CheckpointFile::drop_cached() const {
+  const int err = posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);
+  TORCH_CHECK(err == 0, "posix_fadvise(POSIX_FADV_DONTNEED) failed: ", std::strerror(err));
+}
+
+void CheckpointFile::make_resident() const {
+  std::vector<char> buf(8 << 20);
+  for (int64_t off = 0; off < nbytes_; off += static_cast<int64_t>(buf.size())) {
+    read(buf.data(), off, std::min<int64_t>(buf.size(), nbytes_ - off));
+  }
+}
+
+double CheckpointFile::resident_fraction() const {
+  void* p = mmap(nullptr, nbytes_, PROT_READ, MAP_PRIVATE, fd_, 0);
+  TORCH_CHECK(p != MAP_FAILED, "mmap for mincore failed: ", errno_text());
+  const int64_t pages = (nbytes_ + page_bytes() - 1) / page_bytes();
+  std::vector<unsigned char> vec(pages);
+  const int err = mincore(p, nbytes_, vec.data());
+  munmap(p, nbytes_);
+  TORCH_CHECK(err == 0, "mincore failed: ", errno_text());
+  int64_t resident = 0;
+  for (unsigned char v : vec) resident += v & 1;
+  return static_cast<double>(resident) / pages;
+}
+
+void CheckpointFile::read(void* dst, int64_t offset, int64_t n) const {
+  auto* out = static_cast<char*>(dst);
+  for (int64_t done = 0; done < n;) {
+    const ssize_t got = pread(fd_, out + done, n - done, offset + done);
+    TORCH_CHECK(got > 0, "pread of ", n, " bytes at ", offset, " failed after ", done,
+                " bytes: ", got == 0 ? std::string("end of file") : errno_text());
+    done += got;
+  }
+}
+
+bool CheckpointFile::holds_contents(const at::Tensor& t) const {
+  if (t.numel() != nbytes_ || t.scalar_type() != at::kByte || !t.is_contiguous()) return false;
+  // Word i holds 8 * i; check every 509th word (a prime stride crosses page
+  // and chunk boundaries at every phase) and the last one.
+  const int64_t words = nbytes_ / 8;
+  constexpr int64_t kStride = 509;
+  at::Tensor sample = t.view(at::kLong).slice(0, 0, words, kStride).cpu();
+  at::Tensor want = at::arange(0, words, kStride, at::kLong) * 8;
+  const int64_t last = t.view(at::kLong).slice(0, words - 1, words).cpu().item<int64_t>();
+  return at::equal(sample, want) && last == 8 * (words - 1);
+}
+
+ReadOnlyMapping::ReadOnlyMapping(const CheckpointFile& file, int extra_flags)
+    : nbytes_(file.nbytes()) {
+  data_ = mmap(nullptr, nbytes_, PROT_READ, MAP_PRIVATE | extra_flags, file.fd(), 0);
+  TORCH_CHECK(data_ != MAP_FAILED, "mmap of ", nbytes_, " bytes failed: ", errno_text());
+}
+
+ReadOnlyMapping::~ReadOnlyMapping() {
+  munmap(data_, nbytes_);
+}
+
+at::Tensor ReadOnlyMapping::bytes() const {
+  return at::from_blob(data_, {nbytes_}, at::TensorOptions().dtype(at::kByte));
+}
+
+FaultCount FaultCount::now() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return {u.ru_minflt, u.ru_majflt};
+}
+
+bool populate_read_supported(std::string* why) {
+  const int64_t page = page_bytes();
+  void* p = mmap(nullptr, page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    *why = "mmap failed: " + errno_text();
+    return false;
+  }
+  const int err = madvise(p, page, MADV_POPULATE_READ);
+  const std::string text = errno_text();
+  munmap(p, page);
+  if (err != 0) *why = "madvise(MADV_POPULATE_READ) failed: " + text + " (needs Linux >= 5.14)";
+  return err == 0;
+}
+
+}  // namespace reloadsafe::bench

@@ -1,0 +1,95 @@
+// checkpoint_file.h: a scratch file standing in for a checkpoint, read-only
+// mappings of it, and the page-cache controls the copy benchmarks need.
+//
+// Invariant: a CheckpointFile's bytes never change after construction (the
+// 8-byte word at byte offset i holds i, so a copy that lands at the wrong
+// offset is caught), and every mapping of it is read-only. So warm and cold
+// runs read identical bytes, and no benchmark can dirty the file's pages:
+// dirty pages would survive POSIX_FADV_DONTNEED and turn a "cold" run warm.
+//
+// Usage:
+//   const CheckpointFile& file = CheckpointFile::shared(64 << 20);
+//   file.drop_cached();                       // cold: outside the timed region
+//   ReadOnlyMapping map(file);                // fresh mapping: faults are timed
+//   dst.copy_(map.bytes());
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace reloadsafe::bench {
+
+class CheckpointFile {
+ public:
+  /// Creates a file of `nbytes` (a multiple of 8) in scratch_dir(), writes
+  /// the pattern and fsyncs it. The file is unlinked at once: it disappears
+  /// with the process, even if the process is killed.
+  explicit CheckpointFile(int64_t nbytes);
+  ~CheckpointFile();
+  CheckpointFile(const CheckpointFile&) = delete;
+  CheckpointFile& operator=(const CheckpointFile&) = delete;
+
+  /// The file of `nbytes` that every benchmark of that size shares (created
+  /// on first use, kept until exit), so strategies of one size read the same
+  /// file and the disk holds one file per size.
+  static const CheckpointFile& shared(int64_t nbytes);
+
+  int fd() const { return fd_; }
+  int64_t nbytes() const { return nbytes_; }
+
+  /// Evicts the file from the page cache (POSIX_FADV_DONTNEED). Only pages
+  /// that no mapping holds are evicted: unmap before calling.
+  void drop_cached() const;
+
+  /// Reads the whole file once, so that it is resident in the page cache.
+  void make_resident() const;
+
+  /// The fraction of the file's pages resident in the page cache (mincore on
+  /// a mapping that is not touched).
+  double resident_fraction() const;
+
+  /// pread of `n` bytes at `offset` into `dst`; throws on error or EOF.
+  void read(void* dst, int64_t offset, int64_t n) const;
+
+  /// Whether `t` (a byte tensor of nbytes() bytes, on any device) holds the
+  /// file's bytes, checked on a sample of words spread over it and its last.
+  bool holds_contents(const at::Tensor& t) const;
+
+ private:
+  int64_t nbytes_;
+  int fd_;
+};
+
+/// A read-only private mapping of a whole CheckpointFile, unmapped on
+/// destruction. `extra_flags` is ORed into the mmap flags (MAP_POPULATE).
+class ReadOnlyMapping {
+ public:
+  explicit ReadOnlyMapping(const CheckpointFile& file, int extra_flags = 0);
+  ~ReadOnlyMapping();
+  ReadOnlyMapping(const ReadOnlyMapping&) = delete;
+  ReadOnlyMapping& operator=(const ReadOnlyMapping&) = delete;
+
+  /// The mapping as a CPU uint8 tensor that does not own its memory: it must
+  /// not outlive the mapping.
+  at::Tensor bytes() const;
+  void* data() const { return data_; }
+  int64_t nbytes() const { return nbytes_; }
+
+ private:
+  void* data_;
+  int64_t nbytes_;
+};
+
+/// Page faults this process has taken so far (getrusage).
+struct FaultCount {
+  int64_t minor = 0;
+  int64_t major = 0;
+  static FaultCount now();
+};
+
+/// Whether madvise(MADV_POPULATE_READ) works here (Linux >= 5.14); if not,
+/// `why` says what failed.
+bool populate_read_supported(std::string* why);
+
+}  // namespace reloadsafe::bench

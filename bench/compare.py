@@ -1,0 +1,574 @@
+#!/usr/bin/env python3
+"""Runs reloadsafe's benchmarks repeatedly and compares them with a baseline.
+
+    bench/compare.py copy_bench replace_bench          # gate: exit 1 on a slowdown
+    bench/compare.py --update-baseline copy_bench      # record a new baseline
+    bench/compare.py results/copy_bench.json           # compare a finished run
+    bench/compare.py copy_bench -- --reloadsafe_large  # arguments for the binary
+
+Each BENCH is a benchmark name (built with `bazel build -c opt //bench:NAME`
+and run from bazel-bin), a path to a benchmark binary (on a machine without
+Bazel), or a results JSON file written by one (compared as it is). Binaries
+run with --benchmark_repetitions=N --benchmark_enable_random_interleaving=true
+and write Google Benchmark JSON, with the machine context, to --results-dir.
+
+Baselines live in bench/baselines/<kind>/<binary>.json (Google Benchmark JSON,
+as the binary wrote it). The kind is --kind, else $RELOADSAFE_BENCH_KIND, else
+the machine_kind the binary reports in its context ("cpu-2core" on a 2-core
+machine without a GPU, the GPU's name such as "nvidia-h200" with one).
+
+The rule (time per iteration, per benchmark, over the repetitions):
+  SLOWER  median > baseline median * (1 + threshold)  AND  min > baseline max
+          AND, for a benchmark measured against a limit of the same run (the
+          binary's context lists them as reloadsafe_references: a copy
+          strategy against memcpy, a replace_parameter path against memcpy),
+          its slowdown relative to that limit, (median / limit median) over
+          the baseline's (median / limit median), is also > 1 + threshold.
+          The slowdown is beyond the threshold, the two runs' min..max ranges
+          do not overlap, and it is not the machine as a whole being slower.
+          Any SLOWER benchmark makes the exit status 1.
+  machine the first two conditions hold, but the limit slowed about as much
+          (reported, never fails).
+  limit slower / limit faster: a limit itself moved (reported, never fails).
+  faster  the mirror image of the first two conditions (reported).
+  ok      anything else; new / missing / error: benchmarks in only one of the
+          two runs, or that failed (an error also makes the exit status 1).
+
+Threads: LibTorch's copy_ runs on OMP_NUM_THREADS threads. A run uses
+--threads, else $OMP_NUM_THREADS, else the value the baseline was recorded
+with (its context's omp_env), so that both sides of a comparison match.
+
+Charts (PNG, with matplotlib if it can be imported; otherwise the command says
+so and skips them): <binary>_throughput.png (throughput by series and size,
+limits dashed) and <binary>_vs_baseline.png (each benchmark's median time
+against its baseline's).
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOP = os.path.dirname(HERE)
+DEFAULT_BASELINES = os.path.join(HERE, "baselines")
+TIME_SUFFIXES = ("real_time", "manual_time", "process_time")
+UNIT_NS = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}
+
+
+# --- results -----------------------------------------------------------------
+
+class Stats:
+    """One benchmark's repetitions: time per iteration (ns) and throughput."""
+
+    def __init__(self, name, times_ns, bytes_per_second, label="", error=""):
+        self.name = name
+        self.times = sorted(times_ns)
+        self.bps = sorted(bytes_per_second)
+        self.label = label
+        self.error = error
+
+    @property
+    def median(self):
+        return statistics.median(self.times) if self.times else math.nan
+
+    @property
+    def min(self):
+        return self.times[0] if self.times else math.nan
+
+    @property
+    def max(self):
+        return self.times[-1] if self.times else math.nan
+
+    @property
+    def median_bps(self):
+        return statistics.median(self.bps) if self.bps else 0.0
+
+
+def load_results(path):
+    """The JSON a benchmark binary wrote: (context, {name: Stats}).
+
+    Only the individual repetitions are used (run_type "iteration"); the
+    aggregates Google Benchmark adds are recomputed here, with min and max.
+    """
+    with open(path) as f:
+        data = json.load(f)
+    runs = {}
+    for b in data.get("benchmarks", []):
+        if b.get("run_type", "iteration") != "iteration":
+            continue
+        name = b.get("run_name", b["name"])
+        entry = runs.setdefault(name, {"t": [], "bps": [], "label": "", "error": ""})
+        if b.get("error_occurred"):
+            entry["error"] = b.get("error_message", "error")
+            continue
+        entry["t"].append(b["real_time"] * UNIT_NS[b.get("time_unit", "ns")])
+        if "bytes_per_second" in b:
+            entry["bps"].append(b["bytes_per_second"])
+        entry["label"] = b.get("label", "")
+    stats = {n: Stats(n, e["t"], e["bps"], e["label"], e["error"]) for n, e in runs.items()}
+    return data.get("context", {}), stats
+
+
+def parse_name(name):
+    """(group, series, bytes) of a name in the scheme of bench/targets.h:
+    <family>/<group>.../<series>/bytes:<N>[/real_time|/manual_time]."""
+    parts = [p for p in name.split("/") if p not in TIME_SUFFIXES]
+    size = None
+    if parts and parts[-1].startswith("bytes:"):
+        size = int(parts.pop()[len("bytes:"):])
+    series = parts.pop() if len(parts) > 1 else (parts[0] if parts else name)
+    return "/".join(parts), series, size
+
+
+def matches_filter(pattern, name):
+    """Whether --benchmark_filter=pattern selects name (a regex searched in
+    the name; a leading '-' negates it)."""
+    if pattern.startswith("-"):
+        return not re.search(pattern[1:], name)
+    return re.search(pattern, name) is not None
+
+
+def sort_key(name):
+    """Orders names by group, series, then size (numerically)."""
+    group, series, size = parse_name(name)
+    return (group, series, size or 0, name)
+
+
+# --- the comparison rule -----------------------------------------------------
+
+def parse_references(context):
+    """[(benchmark prefix, limit prefix)] from a context's
+    reloadsafe_references ("prefix=limit;...")."""
+    pairs = []
+    for item in context.get("reloadsafe_references", "").split(";"):
+        prefix, sep, limit = item.partition("=")
+        if sep and prefix and limit:
+            pairs.append((prefix, limit))
+    return pairs
+
+
+def limit_of(name, references, stats):
+    """The benchmark of `stats` that `name` is measured against: the one
+    under its reference's limit prefix with the same bytes; None if none."""
+    size = parse_name(name)[2]
+    for prefix, limit in references:
+        if name.startswith(prefix) and not name.startswith(limit):
+            for other in stats:
+                if other.startswith(limit) and parse_name(other)[2] == size:
+                    return other
+    return None
+
+
+def is_limit(name, references):
+    return any(name.startswith(limit) for _, limit in references)
+
+
+def classify(base, cur, threshold, relative=None, limit=False):
+    """SLOWER, faster, ok, new, missing, error, or (not failing) machine /
+    limit slower / limit faster, for one benchmark; see the module docstring.
+
+    `relative`: (current median / its limit's current median) over (baseline
+    median / the limit's baseline median), when the benchmark has a limit
+    measured in both runs. `limit`: the benchmark is itself a limit."""
+    if cur is None:
+        return "missing"
+    if cur.error:
+        return "error"
+    if base is None or base.error or not base.times:
+        return "new"
+    if not cur.times:
+        return "error"
+    if cur.median > base.median * (1 + threshold) and cur.min > base.max:
+        if limit:
+            return "limit slower"
+        if relative is not None and relative <= 1 + threshold:
+            return "machine"  # its limit slowed down about as much
+        return "SLOWER"
+    if cur.median * (1 + threshold) < base.median and cur.max < base.min:
+        return "limit faster" if limit else "faster"
+    return "ok"
+
+
+def compare(base_stats, cur_stats, threshold, references=()):
+    """Rows (name, base, cur, ratio, relative, verdict) sorted by name
+    (sort_key), then the baseline's benchmarks the current run lacks."""
+    rows = []
+    for name, cur in sorted(cur_stats.items(), key=lambda kv: sort_key(kv[0])):
+        base = base_stats.get(name)
+        ratio = cur.median / base.median if base and base.times and cur.times else math.nan
+        relative = None
+        lim = limit_of(name, references, cur_stats)
+        if lim is not None and lim in base_stats and not math.isnan(ratio):
+            cur_lim, base_lim = cur_stats[lim], base_stats[lim]
+            if cur_lim.times and base_lim.times:
+                relative = ratio / (cur_lim.median / base_lim.median)
+        verdict = classify(base, cur, threshold, relative, is_limit(name, references))
+        rows.append((name, base, cur, ratio, relative, verdict))
+    for name, base in sorted(base_stats.items(), key=lambda kv: sort_key(kv[0])):
+        if name not in cur_stats:
+            rows.append((name, base, None, math.nan, None, "missing"))
+    return rows
+
+
+def fmt_time(ns):
+    if ns is None or math.isnan(ns):
+        return "-"
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
+        if ns >= scale:
+            return f"{ns / scale:.3g} {unit}"
+    return f"{ns:.3g} ns"
+
+
+def fmt_range(s):
+    return "-" if s is None or not s.times else f"{fmt_time(s.min)}..{fmt_time(s.max)}"
+
+
+def print_table(rows, threshold, out=None):
+    out = out or sys.stdout
+    width = max([len(r[0]) for r in rows] + [9])
+    print(f"{'benchmark':<{width}}  {'baseline':>9}  {'current':>9}  {'cur/base':>8}  "
+          f"{'vs limit':>8}  {'baseline range':>19}  {'current range':>19}  verdict", file=out)
+    for name, base, cur, ratio, relative, verdict in rows:
+        r = "-" if math.isnan(ratio) else f"{ratio:.3f}"
+        rel = "-" if relative is None else f"{relative:.3f}"
+        print(f"{name:<{width}}  {fmt_time(base.median if base else None):>9}  "
+              f"{fmt_time(cur.median if cur else None):>9}  {r:>8}  {rel:>8}  "
+              f"{fmt_range(base):>19}  {fmt_range(cur):>19}  {verdict}", file=out)
+    counts = {}
+    for row in rows:
+        counts[row[5]] = counts.get(row[5], 0) + 1
+    summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    print(f"({summary}; SLOWER = median more than {threshold:.0%} slower, ranges apart, and "
+          f"more than {threshold:.0%} slower relative to its limit in the same run)", file=out)
+
+
+# --- charts ------------------------------------------------------------------
+
+def import_pyplot():
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        return plt
+    except ImportError:
+        return None
+
+
+def chart_throughput(plt, stats, title, path):
+    """Throughput by series and size: one panel per group (e.g. destination
+    and cache), limits (family BM_Limit) dashed in every panel of their
+    destination."""
+    panels, limits = {}, {}
+    for name, s in stats.items():
+        group, series, size = parse_name(name)
+        if size is None or not s.bps:
+            continue
+        family, _, rest = group.partition("/")
+        if family == "BM_Limit":
+            limits.setdefault(rest, {}).setdefault(series, []).append((size, s))
+        else:
+            panels.setdefault(group, {}).setdefault(series, []).append((size, s))
+    used_limits = set()
+    for group in panels:
+        dest = group.split("/")[1] if "/" in group else ""
+        if dest in limits:
+            used_limits.add(dest)
+    for dest, series in limits.items():
+        if dest not in used_limits:
+            panels["BM_Limit/" + dest] = series
+    if not panels:
+        return False
+    n = len(panels)
+    cols = min(n, 2)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 4.5 * rows), squeeze=False)
+    for ax, (group, series) in zip(axes.flat, sorted(panels.items())):
+        dest = group.split("/")[1] if "/" in group else ""
+        overlay = limits.get(dest, {}) if not group.startswith("BM_Limit") else {}
+        for label, points, style in ([(k, v, "-o") for k, v in sorted(series.items())] +
+                                     [(f"limit: {k}", v, "--") for k, v in sorted(overlay.items())]):
+            points.sort(key=lambda p: p[0])
+            xs = [p[0] for p in points]
+            ys = [p[1].median_bps / 1e9 for p in points]
+            lo = [(p[1].median_bps - p[1].bps[0]) / 1e9 for p in points]
+            hi = [(p[1].bps[-1] - p[1].median_bps) / 1e9 for p in points]
+            ax.errorbar(xs, ys, yerr=[lo, hi], fmt=style, capsize=2, label=label, markersize=4)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(group)
+        ax.set_xlabel("bytes")
+        ax.set_ylabel("GB/s (median, min..max)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return True
+
+
+def chart_vs_baseline(plt, rows, threshold, title, path):
+    rows = [r for r in rows if not math.isnan(r[3])]
+    if not rows:
+        return False
+    colors = {"SLOWER": "tab:red", "faster": "tab:green"}
+    fig, ax = plt.subplots(figsize=(10, 0.22 * len(rows) + 1.5))
+    names = [r[0] for r in rows]
+    ratios = [r[3] for r in rows]
+    ax.barh(range(len(rows)), ratios, color=[colors.get(r[5], "tab:blue") for r in rows])
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.axvline(1.0 + threshold, color="tab:red", linestyle="--", linewidth=0.8,
+               label=f"threshold (+{threshold:.0%})")
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(names, fontsize=6)
+    ax.invert_yaxis()
+    ax.set_xlabel("median time / baseline median time (>1: slower)")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return True
+
+
+# --- running -----------------------------------------------------------------
+
+def resolve_binary(spec, build):
+    """A binary path for a BENCH that is a name or a path."""
+    if os.sep in spec or os.path.exists(spec):
+        return os.path.abspath(spec)
+    if build:
+        print(f"[compare] bazel build -c opt //bench:{spec}", flush=True)
+        subprocess.run(["bazel", "build", "-c", "opt", f"//bench:{spec}"], cwd=TOP, check=True)
+    # The bazel-bin symlink follows the last command's configuration: ask for
+    # the -c opt one.
+    try:
+        bin_dir = subprocess.run(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=TOP, check=True,
+                                 capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        bin_dir = os.path.join(TOP, "bazel-bin")
+    path = os.path.join(bin_dir, "bench", spec)
+    if not os.path.exists(path):
+        sys.exit(f"[compare] {path} does not exist: build it (bazel build -c opt //bench:{spec}) "
+                 f"or give the path to the binary")
+    return path
+
+
+def baseline_threads(args, binary):
+    """OMP_NUM_THREADS for a run: --threads, else the environment's, else the
+    one the baseline of this binary was recorded with (so that a comparison
+    is like for like), else None (LibTorch's default)."""
+    if args.threads is not None:
+        return str(args.threads)
+    if os.environ.get("OMP_NUM_THREADS"):
+        return None
+    kind = args.kind or os.environ.get("RELOADSAFE_BENCH_KIND")
+    kinds = [kind] if kind else (os.listdir(args.baselines) if os.path.isdir(args.baselines) else [])
+    for k in kinds:
+        path = baseline_path(args.baselines, k, os.path.basename(binary))
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            omp = json.load(f).get("context", {}).get("omp_env", "")
+        m = re.search(r"OMP_NUM_THREADS=(\d+)", omp)
+        if m and (kind or len(kinds) == 1):
+            return m.group(1)
+    return None
+
+
+def run_binary(binary, args, results_dir):
+    name = os.path.basename(binary)
+    out = os.path.join(results_dir, name + ".json")
+    targets = os.path.join(results_dir, name + ".targets.json")
+    cmd = [binary, f"--benchmark_repetitions={args.repetitions}",
+           "--benchmark_enable_random_interleaving=true",
+           "--benchmark_display_aggregates_only=true",
+           f"--benchmark_out={out}", "--benchmark_out_format=json",
+           f"--reloadsafe_targets_out={targets}"]
+    if args.min_time is not None:
+        cmd.append(f"--benchmark_min_time={args.min_time}")
+    if args.filter:
+        cmd.append(f"--benchmark_filter={args.filter}")
+    cmd += args.binary_args
+    env = dict(os.environ)
+    threads = baseline_threads(args, binary)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = threads
+    prefix = f"OMP_NUM_THREADS={threads} " if threads is not None else ""
+    print("[compare] " + prefix + " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, env=env)
+    return out
+
+
+def merge_into_baseline(results_path, base_file):
+    """Replaces the baseline's entries for the benchmarks in results_path
+    (a filtered run) and takes the new run's context."""
+    with open(results_path) as f:
+        new = json.load(f)
+    with open(base_file) as f:
+        old = json.load(f)
+    names = {b.get("run_name", b["name"]) for b in new["benchmarks"]}
+    kept = [b for b in old["benchmarks"] if b.get("run_name", b["name"]) not in names]
+    new["benchmarks"] = kept + new["benchmarks"]
+    with open(base_file, "w") as f:
+        json.dump(new, f, indent=2)
+        f.write("\n")
+
+
+def baseline_path(baselines, kind, binary_name):
+    return os.path.join(baselines, kind, binary_name + ".json")
+
+
+def binary_name_of(context, results_path):
+    exe = context.get("executable")
+    if exe:
+        return os.path.basename(exe)
+    return os.path.splitext(os.path.basename(results_path))[0]
+
+
+def check_context(base_ctx, cur_ctx):
+    """Warnings about results that should not be compared."""
+    warnings = []
+    if cur_ctx.get("reloadsafe_build", "opt") != "opt":
+        warnings.append(f"this run's binary is not optimised ({cur_ctx['reloadsafe_build']}): "
+                        f"build with -c opt")
+    for key in ("cpu_model", "gpu", "num_cpus", "scratch_fs", "torch_threads"):
+        b, c = base_ctx.get(key), cur_ctx.get(key)
+        if b is not None and c is not None and str(b).split(" (")[0] != str(c).split(" (")[0]:
+            warnings.append(f"{key} differs from the baseline's: {c!r} vs {b!r}")
+    return warnings
+
+
+def process(results_path, args, plt):
+    """Compares (or records) one results file; returns True if it passes."""
+    cur_ctx, cur = load_results(results_path)
+    name = binary_name_of(cur_ctx, results_path)
+    kind = args.kind or os.environ.get("RELOADSAFE_BENCH_KIND") or cur_ctx.get("machine_kind")
+    if not kind:
+        sys.exit(f"[compare] {results_path} has no machine_kind in its context: give --kind")
+    base_file = baseline_path(args.baselines, kind, name)
+    print(f"\n== {name} (kind {kind}; baseline {os.path.relpath(base_file, TOP)})")
+    base_ctx, base = load_results(base_file) if os.path.exists(base_file) else ({}, {})
+    if not base:
+        print("[compare] no baseline yet" +
+              ("" if args.update_baseline else ": run with --update-baseline to record one"))
+    for w in check_context(base_ctx, cur_ctx):
+        print(f"[compare] warning: {w}")
+    if args.filter:  # a filtered run is compared with the same part of the baseline
+        base = {n: s for n, s in base.items() if matches_filter(args.filter, n)}
+    references = parse_references(cur_ctx) or parse_references(base_ctx)
+    rows = compare(base, cur, args.threshold, references)
+    print_table(rows, args.threshold)
+
+    targets_file = os.path.splitext(results_path)[0] + ".targets.json"
+    if os.path.exists(targets_file):
+        with open(targets_file) as f:
+            t = json.load(f)
+        met = sum(1 for x in t["targets"] if x["met"])
+        print(f"targets ({t['basis']}): {met} of {len(t['targets'])} met")
+        for x in t["targets"]:
+            if not x["met"]:
+                print(f"  MISSED {x['description']} at {x['bytes']} bytes: {x['value']:.3g} "
+                      f"(needs {x['comparison']} {x['bound']:g})")
+
+    if plt is not None and args.charts:
+        os.makedirs(args.charts, exist_ok=True)
+        tp = os.path.join(args.charts, f"{name}_throughput.png")
+        if chart_throughput(plt, cur, f"{name} on {kind}", tp):
+            print(f"[compare] chart: {tp}")
+        vb = os.path.join(args.charts, f"{name}_vs_baseline.png")
+        if chart_vs_baseline(plt, rows, args.threshold, f"{name} on {kind} vs baseline", vb):
+            print(f"[compare] chart: {vb}")
+
+    errors = [r[0] for r in rows if r[5] == "error"]
+    if args.update_baseline:
+        if errors:
+            print(f"[compare] not recording a baseline with failed benchmarks: {errors}")
+            return False
+        if cur_ctx.get("reloadsafe_build", "opt") != "opt" and not args.force:
+            print("[compare] not recording a baseline from an unoptimised build (--force to "
+                  "override)")
+            return False
+        os.makedirs(os.path.dirname(base_file), exist_ok=True)
+        if args.filter and os.path.exists(base_file):
+            merge_into_baseline(results_path, base_file)  # a partial run updates its part
+        else:
+            shutil.copyfile(results_path, base_file)
+        print(f"[compare] baseline recorded: {os.path.relpath(base_file, TOP)}")
+        return True
+    slower = [r[0] for r in rows if r[5] == "SLOWER"]
+    if slower:
+        print(f"[compare] {len(slower)} benchmark(s) slower than the baseline beyond "
+              f"{args.threshold:.0%}")
+    return not slower and not errors
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("bench", nargs="+",
+                   help="benchmark name (copy_bench), binary path, or results .json")
+    p.add_argument("--kind", help="machine kind of the baseline (default: $RELOADSAFE_BENCH_KIND, "
+                   "else the binary's machine_kind)")
+    p.add_argument("--repetitions", type=int, default=5)
+    p.add_argument("--min-time", type=float, help="seconds per repetition "
+                   "(--benchmark_min_time; default Google Benchmark's 0.5)")
+    p.add_argument("--filter", help="--benchmark_filter regex")
+    p.add_argument("--threads", type=int,
+                   help="OMP_NUM_THREADS for the binaries (default: $OMP_NUM_THREADS, else the "
+                   "baseline's, else LibTorch's default)")
+    p.add_argument("--threshold", type=float, default=0.25,
+                   help="slowdown that fails, as a fraction (default 0.25)")
+    p.add_argument("--update-baseline", action="store_true",
+                   help="record the results as the baseline of their kind (with --filter: "
+                   "replace only the benchmarks that ran)")
+    p.add_argument("--force", action="store_true",
+                   help="with --update-baseline: record even an unoptimised build")
+    p.add_argument("--baselines", default=DEFAULT_BASELINES, help=argparse.SUPPRESS)
+    p.add_argument("--results-dir", help="where results JSON go (default: a new temporary folder)")
+    p.add_argument("--charts", help="folder for PNG charts (default: the results folder)")
+    p.add_argument("--no-charts", action="store_true")
+    p.add_argument("--no-build", action="store_true", help="do not run bazel build first")
+    p.epilog = "Arguments after -- go to the benchmark binaries (e.g. -- --reloadsafe_large)."
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passthrough = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, passthrough = argv[:i], argv[i + 1:]
+    args = p.parse_args(argv)
+    args.binary_args = passthrough
+
+    results_dir = args.results_dir or tempfile.mkdtemp(prefix="reloadsafe_bench_")
+    os.makedirs(results_dir, exist_ok=True)
+    if args.no_charts:
+        args.charts = None
+        plt = None
+    else:
+        args.charts = args.charts or results_dir
+        plt = import_pyplot()
+        if plt is None:
+            print("[compare] matplotlib is not installed: charts skipped "
+                  "(pip install matplotlib, or apt-get install python3-matplotlib)")
+
+    ok = True
+    for spec in args.bench:
+        if spec.endswith(".json"):
+            results = spec
+        else:
+            results = run_binary(resolve_binary(spec, not args.no_build), args, results_dir)
+        ok = process(results, args, plt) and ok
+    print(f"\n[compare] results in {results_dir}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

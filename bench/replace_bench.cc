@@ -1,0 +1,184 @@
+// replace_bench: replace_parameter's address-keeping paths against memcpy of
+// the same bytes, and the cost of deciding that a tensor does not fit.
+//
+//   bazel run -c opt //bench:replace_bench -- --benchmark_out=$PWD/replace.json
+//
+// Names (sizes 4 KiB to 256 MiB, the bytes the new tensor holds):
+//   BM_Replace/in_place/bytes:<N>/real_time       same layout: copied into the
+//       parameter (float32 into float32)
+//   BM_Replace/placed/bytes:<N>/real_time         equal-size repack to another
+//       dtype, placed into the parameter's storage by in_own_storage
+//       (float32 <-> int32 views of one buffer, alternating so that every
+//       call repacks)
+//   BM_Replace/direct_reload/bytes:<N>/manual_time  a weight grown to the
+//       whole storage under DirectReloadScope; the parameter is reset to its
+//       loaded half-size view outside the timed region before each call
+//   BM_Replace/memcpy/bytes:<N>/real_time         memcpy of the same bytes
+//       between resident buffers: the limit the paths are judged by
+//   BM_InOwnStorage/decision_unplaced/real_time   in_own_storage for a small
+//       tensor that does not fit (so it returns it unplaced): the decision
+//       alone, nothing copied
+//
+// Each benchmark checks after its loop that the parameter kept its address
+// and holds the new values, and fails otherwise: a path that silently
+// reallocated would measure the wrong thing.
+#include "bench/bench_main.h"
+#include "utils/layer.h"
+#include "utils/reload_context.h"
+#include "utils/replace_parameter.h"
+#include "utils/storage_fit.h"
+#include "utils/tensor_attrs.h"
+
+#include <ATen/ATen.h>
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cstring>
+#include <exception>
+
+namespace reloadsafe::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Calls `body`, turning an exception into a failed benchmark with its message.
+template <class Body>
+void guarded(benchmark::State& state, Body&& body) {
+  try {
+    body();
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+// A layer whose "weight" parameter is `data` (made a parameter object).
+struct OneWeight : Layer {
+  explicit OneWeight(const at::Tensor& data) { register_param("weight", make_parameter(data)); }
+  at::Tensor weight() const { return get("weight"); }
+};
+
+// Fails the benchmark unless the weight still starts at `address` and holds
+// `expected`.
+void check_kept(benchmark::State& state, const OneWeight& layer, const void* address,
+                const at::Tensor& expected) {
+  const at::Tensor w = layer.weight();
+  if (w.data_ptr() != address) {
+    state.SkipWithError("the parameter moved: the address-keeping path was not taken");
+  } else if (!at::equal(w, expected)) {
+    state.SkipWithError("the parameter does not hold the new tensor's values");
+  }
+}
+
+int64_t floats(int64_t nbytes) {
+  return nbytes / static_cast<int64_t>(sizeof(float));
+}
+
+void replace_in_place(benchmark::State& state) {
+  guarded(state, [&] {
+    const int64_t n = state.range(0);
+    OneWeight layer(at::zeros({floats(n)}));
+    const at::Tensor src = at::full({floats(n)}, 1.5f);
+    const void* address = layer.weight().data_ptr();
+    for (auto _ : state) replace_parameter(layer, "weight", src);
+    state.SetBytesProcessed(state.iterations() * n);
+    check_kept(state, layer, address, src);
+  });
+}
+
+void replace_placed(benchmark::State& state) {
+  guarded(state, [&] {
+    const int64_t n = state.range(0);
+    OneWeight layer(at::zeros({floats(n)}));
+    // The parameter alternates between the two dtypes, so each call is a
+    // repack. Both sources are views of one buffer (0x3FC00000 is 1.5f), so
+    // the bytes touched are those of the memcpy it is compared with.
+    const at::Tensor bits = at::full({floats(n)}, 0x3FC00000, at::kInt);
+    const at::Tensor srcs[2] = {bits, bits.view(at::kFloat)};
+    const void* address = layer.weight().data_ptr();
+    int64_t i = 0;
+    for (auto _ : state) replace_parameter(layer, "weight", srcs[i++ & 1]);
+    state.SetBytesProcessed(state.iterations() * n);
+    check_kept(state, layer, address, srcs[(i - 1) & 1]);
+  });
+}
+
+void replace_direct_reload(benchmark::State& state) {
+  guarded(state, [&] {
+    const int64_t n = state.range(0);
+    const at::Tensor room = at::zeros({floats(n)});
+    const at::Tensor loaded = room.narrow(0, 0, floats(n) / 2);  // the weight as loaded
+    OneWeight layer(loaded);
+    const at::Tensor grown = at::full({floats(n)}, 2.5f);  // fills the whole storage
+    const void* address = layer.weight().data_ptr();
+    DirectReloadScope direct;
+    for (auto _ : state) {
+      layer.weight().set_data(loaded);  // untimed: back to the loaded view
+      const Clock::time_point t0 = Clock::now();
+      replace_parameter(layer, "weight", grown);
+      const Clock::time_point t1 = Clock::now();
+      state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
+    }
+    state.SetBytesProcessed(state.iterations() * n);
+    check_kept(state, layer, address, grown);
+  });
+}
+
+void replace_memcpy(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const at::Tensor src = at::full({n}, 1, at::kByte);  // both resident: filled
+  at::Tensor dst = at::zeros({n}, at::kByte);
+  for (auto _ : state) {
+    std::memcpy(dst.data_ptr(), src.data_ptr(), n);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * n);
+}
+
+void in_own_storage_decision(benchmark::State& state) {
+  guarded(state, [&] {
+    const at::Tensor old = at::zeros({4, 4});
+    const at::Tensor bigger = at::zeros({4, 8});  // more bytes than `old`: does not fit
+    if (!in_own_storage(old, bigger).is_same(bigger)) {
+      state.SkipWithError("the tensor was placed: this benchmark must measure the decision only");
+      return;
+    }
+    for (auto _ : state) {
+      at::Tensor result = in_own_storage(old, bigger);
+      benchmark::DoNotOptimize(result.unsafeGetTensorImpl());
+    }
+  });
+}
+
+BenchMainOptions register_benchmarks() {
+  const auto sized = [](benchmark::internal::Benchmark* b) {
+    return b->ArgName("bytes")
+        ->RangeMultiplier(4)
+        ->Range(4 << 10, 256 << 20)
+        ->Unit(benchmark::kMicrosecond);
+  };
+  sized(benchmark::RegisterBenchmark("BM_Replace/in_place", replace_in_place))->UseRealTime();
+  sized(benchmark::RegisterBenchmark("BM_Replace/placed", replace_placed))->UseRealTime();
+  sized(benchmark::RegisterBenchmark("BM_Replace/direct_reload", replace_direct_reload))
+      ->UseManualTime();
+  sized(benchmark::RegisterBenchmark("BM_Replace/memcpy", replace_memcpy))->UseRealTime();
+  benchmark::RegisterBenchmark("BM_InOwnStorage/decision_unplaced", in_own_storage_decision)
+      ->UseRealTime()
+      ->Unit(benchmark::kNanosecond);
+
+  BenchMainOptions options;
+  for (const char* path : {"in_place", "placed", "direct_reload"}) {
+    options.targets.push_back(
+        {Target::Kind::kEachAtLeast, std::string("replace_parameter ") + path + " / memcpy",
+         std::string("BM_Replace/") + path + "/", "BM_Replace/memcpy/", 16 << 20, 0.9});
+  }
+  options.targets.push_back({Target::Kind::kTimeAtMost, "in_own_storage decision, small tensor",
+                             "BM_InOwnStorage/decision_unplaced", "", 0, 1000});
+  return options;
+}
+
+}  // namespace
+}  // namespace reloadsafe::bench
+
+int main(int argc, char** argv) {
+  return reloadsafe::bench::run_benchmarks(argc, argv, reloadsafe::bench::register_benchmarks());
+}

@@ -1,0 +1,157 @@
+#include "bench/targets.h"
+
+#include <cstdio>
+#include <iomanip>
+#include <sstream>
+
+namespace reloadsafe::bench {
+namespace {
+
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
+
+// The series of a benchmark name: the component before `bytes:`, or the last
+// component before the time suffix for names without a size.
+std::string series_of(const std::string& name) {
+  std::vector<std::string> parts;
+  std::stringstream in(name);
+  for (std::string part; std::getline(in, part, '/');) parts.push_back(part);
+  while (!parts.empty() && (parts.back() == "real_time" || parts.back() == "manual_time" ||
+                            starts_with(parts.back(), "bytes:"))) {
+    parts.pop_back();
+  }
+  return parts.empty() ? name : parts.back();
+}
+
+std::string human_bytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  double v = static_cast<double>(bytes);
+  while (v >= 1024 && u < 4 && static_cast<int64_t>(v) % 1024 == 0) {
+    v /= 1024;
+    ++u;
+  }
+  std::ostringstream out;
+  out << v << " " << units[u];
+  return out.str();
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+std::optional<int64_t> bytes_of(const std::string& name) {
+  const auto at = name.find("/bytes:");
+  if (at == std::string::npos) return std::nullopt;
+  try {
+    return std::stoll(name.substr(at + 7));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+std::vector<TargetResult> evaluate_targets(const std::vector<Target>& targets,
+                                           const std::map<std::string, Measurement>& measured) {
+  std::vector<TargetResult> results;
+  for (const Target& t : targets) {
+    if (t.kind == Target::Kind::kTimeAtMost) {
+      for (const auto& [name, m] : measured) {
+        if (!starts_with(name, t.candidates)) continue;
+        results.push_back({t.description, 0, m.time_ns, t.bound, true, m.time_ns <= t.bound, name});
+      }
+      continue;
+    }
+    // The limit of each size, then the candidates of each size.
+    std::map<int64_t, double> limit;
+    for (const auto& [name, m] : measured) {
+      auto bytes = bytes_of(name);
+      if (bytes && starts_with(name, t.limit) && m.bytes_per_second > 0) {
+        limit[*bytes] = m.bytes_per_second;
+      }
+    }
+    std::map<int64_t, std::vector<std::pair<std::string, double>>> by_size;
+    for (const auto& [name, m] : measured) {
+      auto bytes = bytes_of(name);
+      if (!bytes || *bytes < t.min_bytes || !starts_with(name, t.candidates)) continue;
+      if (limit.count(*bytes) == 0) continue;
+      by_size[*bytes].emplace_back(name, m.bytes_per_second);
+    }
+    for (const auto& [bytes, candidates] : by_size) {
+      if (t.kind == Target::Kind::kBestAtLeast) {
+        auto best = candidates.front();
+        for (const auto& c : candidates) {
+          if (c.second > best.second) best = c;
+        }
+        const double ratio = best.second / limit[bytes];
+        results.push_back(
+            {t.description, bytes, ratio, t.bound, false, ratio >= t.bound, best.first});
+      } else {
+        for (const auto& [name, bps] : candidates) {
+          const double ratio = bps / limit[bytes];
+          results.push_back({t.description, bytes, ratio, t.bound, false, ratio >= t.bound, name});
+        }
+      }
+    }
+  }
+  return results;
+}
+
+void print_target_results(std::ostream& out, const std::vector<TargetResult>& results,
+                          const std::string& basis) {
+  out << "\nTargets (" << basis << "):\n";
+  if (results.empty()) {
+    out << "  none applies to the benchmarks that ran (sizes below the targets' minimum, "
+           "filtered out, or failed)\n";
+    return;
+  }
+  int met = 0;
+  for (const TargetResult& r : results) {
+    std::ostringstream value, bound;
+    if (r.at_most) {
+      value << std::fixed << std::setprecision(1) << r.value << " ns";
+      bound << "<= " << std::fixed << std::setprecision(0) << r.bound << " ns";
+    } else {
+      value << std::fixed << std::setprecision(2) << r.value;
+      bound << ">= " << std::fixed << std::setprecision(2) << r.bound;
+    }
+    out << "  " << std::left << std::setw(7) << (r.met ? "met" : "MISSED") << std::right
+        << std::setw(11) << value.str() << "  " << std::left << std::setw(12) << bound.str()
+        << std::setw(10) << (r.bytes ? human_bytes(r.bytes) : std::string("-")) << r.description;
+    if (!r.at_most) out << " [" << series_of(r.candidate) << "]";
+    out << "\n";
+    met += r.met ? 1 : 0;
+  }
+  out << "  " << met << " of " << results.size() << " met\n";
+}
+
+void write_target_results_json(std::ostream& out, const std::vector<TargetResult>& results,
+                               const std::string& basis) {
+  out << "{\n  \"basis\": " << json_string(basis) << ",\n  \"targets\": [";
+  for (size_t i = 0; i < results.size(); ++i) {
+    const TargetResult& r = results[i];
+    out << (i ? "," : "") << "\n    {\"description\": " << json_string(r.description)
+        << ", \"bytes\": " << r.bytes << ", \"value\": " << std::setprecision(6) << r.value
+        << ", \"bound\": " << r.bound << ", \"comparison\": \"" << (r.at_most ? "<=" : ">=")
+        << "\", \"met\": " << (r.met ? "true" : "false")
+        << ", \"benchmark\": " << json_string(r.candidate) << "}";
+  }
+  out << "\n  ]\n}\n";
+}
+
+}  // namespace reloadsafe::bench
