@@ -5,7 +5,7 @@
 #
 # - Debian packages: Bazel (bazel-bootstrap, offline-capable with the shims in
 #   third_party/), GoogleTest/GoogleMock, RapidCheck, Google Benchmark,
-#   nlohmann-json.
+#   nlohmann-json; and matplotlib from the Python package registry (charts).
 # - LibTorch $TORCH_VERSION, the official CUDA build, taken from the `torch`
 #   wheel of the Python package registry and unpacked (include/, lib/, share/)
 #   into a cache outside the checkout, so fresh clones reuse it.
@@ -135,6 +135,18 @@ PY
   say "CUDA runtime libraries: installed in $dest ($(du -sh "$dest" | cut -f1))"
 }
 
+# matplotlib draws the benchmark charts (bench/compare.py); optional for the
+# tests, so a failure here is reported and set-up goes on.
+install_python_packages() {
+  if python3 -c "import matplotlib" >/dev/null 2>&1; then
+    say "matplotlib: present"
+    return
+  fi
+  say "matplotlib: installing (for the benchmark charts)"
+  python_pip install -q --progress-bar on matplotlib ||
+    say "matplotlib: could not be installed; benchmark charts will be skipped"
+}
+
 write_user_bazelrc() {
   local rc="$TOP/user.bazelrc"
   local want="build --disk_cache=$CACHE/bazel-disk-cache"
@@ -148,5 +160,6 @@ start=$SECONDS
 install_debian_packages
 install_libtorch
 install_cuda_runtime
+install_python_packages
 write_user_bazelrc
 say "done in $((SECONDS - start)) s (cache: $CACHE)"
