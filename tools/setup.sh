@@ -5,7 +5,7 @@
 #
 # - Debian packages: Bazel (bazel-bootstrap, offline-capable with the shims in
 #   third_party/), GoogleTest/GoogleMock, RapidCheck, Google Benchmark,
-#   nlohmann-json; and matplotlib from the Python package registry (charts).
+#   nlohmann-json, clang 14 with its libFuzzer runtime (fuzz/); and matplotlib from the Python package registry (charts).
 # - LibTorch $TORCH_VERSION, the official CUDA build, taken from the `torch`
 #   wheel of the Python package registry and unpacked (include/, lib/, share/)
 #   into a cache outside the checkout, so fresh clones reuse it.
@@ -18,7 +18,7 @@ TORCH_VERSION=2.11.0
 CACHE="${RELOADSAFE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/reloadsafe}"
 TOP="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 APT_PACKAGES=(bazel-bootstrap bazel-rules-java libgtest-dev libgmock-dev
-  librapidcheck-dev libbenchmark-dev nlohmann-json3-dev python3)
+  librapidcheck-dev libbenchmark-dev nlohmann-json3-dev python3 clang-14 libclang-rt-14-dev)
 
 say() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }

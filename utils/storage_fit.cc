@@ -117,9 +117,9 @@ at::Tensor in_own_storage(const at::Tensor& old, const at::Tensor& new_tensor, b
     return new_tensor;
   }
   // A layout that passes `span >= numel` can still map two indices to one
-  // element when its strides interleave with a zero stride; copy_ refuses
-  // such a destination. Say so before anything is written.
-  for (int64_t d = 0; d < new_tensor.dim(); ++d) {
+  // element when it has a zero stride; copy_ refuses such a destination
+  // unless it is empty (nothing to write). Say so before anything is written.
+  for (int64_t d = 0; numel > 0 && d < new_tensor.dim(); ++d) {
     TORCH_CHECK(new_tensor.size(d) <= 1 || new_tensor.stride(d) != 0,
                 "in_own_storage: the new tensor is expanded (dimension ", d,
                 " has stride 0), so several of its elements share one memory location and it "

@@ -118,6 +118,7 @@ const FitCase kFitCases[] = {
     {"emptied weight, direct reload",           64, 0, {16},     {1},     at::kFloat, {0},      {1},     at::kFloat, true,  true},
     {"expanded new",                            64, 0, {16},     {1},     at::kFloat, {4, 4},   {0, 1},  at::kFloat, false, false},
     {"expanded new, direct reload",             64, 0, {16},     {1},     at::kFloat, {4, 4},   {0, 1},  at::kFloat, true,  false},
+    {"empty expanded new, direct reload",       64, 0, {16},     {1},     at::kFloat, {2, 0},   {0, 1},  at::kFloat, true,  true},
     {"zero-dim new",                            64, 0, {16},     {1},     at::kFloat, {},       {},      at::kFloat, false, true},
     {"empty old",                               64, 0, {0},      {1},     at::kFloat, {1},      {1},     at::kFloat, false, false},
 };
