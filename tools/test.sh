@@ -3,6 +3,9 @@
 #
 #   tools/test.sh [extra bazel flags]     e.g. tools/test.sh --config=asan
 #
+# CI passes --nocache_test_results, so every test runs even when the disk
+# cache holds a result for it.
+#
 # 1. `bazel test //...`: all CPU tests, and builds and links every target,
 #    GPU tests included.
 # 2. `bazel test --config=gpu //...`: the GPU tests. Without a visible CUDA
@@ -15,5 +18,6 @@ echo "[test] bazel test //... $*"
 bazel test "$@" //... || status=$?
 echo "[test] bazel test --config=gpu //... $*"
 bazel test --config=gpu "$@" //... || status=$?
-tools/summarize_tests.py "$(bazel info "$@" bazel-testlogs 2>/dev/null)" || status=$?
+# bazel-testlogs points at the folder of the configuration just used.
+tools/summarize_tests.py "$(readlink -f bazel-testlogs)" || status=$?
 exit $status
