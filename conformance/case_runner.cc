@@ -539,19 +539,26 @@ void op_in_own_storage(const Json& c, OJson& out) {
   out["old_storage"] = storage_json(old_storage);
 }
 
+// The nullable `old` and `new` layouts of a case, with their storages
+// checked against the per-case limit before anything is allocated.
+std::pair<std::optional<Layout>, std::optional<Layout>> parse_old_and_new(const Json& c) {
+  const Json* old_json = nullable(c, "old");
+  const Json* new_json = nullable(c, "new");
+  std::optional<Layout> old_layout =
+      old_json ? std::optional<Layout>(parse_layout(*old_json, "old", {})) : std::nullopt;
+  std::optional<Layout> new_layout =
+      new_json ? std::optional<Layout>(parse_layout(*new_json, "new", {})) : std::nullopt;
+  CaseTensors::plan({old_layout ? &*old_layout : nullptr, new_layout ? &*new_layout : nullptr});
+  return {std::move(old_layout), std::move(new_layout)};
+}
+
 void op_replace_parameter(const Json& c, OJson& out) {
   const bool direct = opt_bool(c, "direct_reload", false);
   Layer layer;
   if (const Json* u = field(c, "uses_meta_device")) {
     layer.quant_method = QuantMethod{as_bool(*u, "uses_meta_device")};
   }
-  const Json* old_json = nullable(c, "old");
-  const Json* new_json = nullable(c, "new");
-  const std::optional<Layout> old_layout =
-      old_json ? std::optional<Layout>(parse_layout(*old_json, "old", {})) : std::nullopt;
-  const std::optional<Layout> new_layout =
-      new_json ? std::optional<Layout>(parse_layout(*new_json, "new", {})) : std::nullopt;
-  CaseTensors::plan({old_layout ? &*old_layout : nullptr, new_layout ? &*new_layout : nullptr});
+  const auto [old_layout, new_layout] = parse_old_and_new(c);
 
   CaseTensors tensors;
   at::Tensor old;
@@ -608,13 +615,7 @@ OJson which_object(const at::Tensor& t, const at::Tensor& old, const at::Tensor&
 }
 
 void op_refill_derived(const Json& c, OJson& out) {
-  const Json* old_json = nullable(c, "old");
-  const Json* new_json = nullable(c, "new");
-  const std::optional<Layout> old_layout =
-      old_json ? std::optional<Layout>(parse_layout(*old_json, "old", {})) : std::nullopt;
-  const std::optional<Layout> new_layout =
-      new_json ? std::optional<Layout>(parse_layout(*new_json, "new", {})) : std::nullopt;
-  CaseTensors::plan({old_layout ? &*old_layout : nullptr, new_layout ? &*new_layout : nullptr});
+  const auto [old_layout, new_layout] = parse_old_and_new(c);
   Layer layer;
   CaseTensors tensors;
   at::Tensor old;
