@@ -49,7 +49,6 @@ import json
 import math
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -409,16 +408,21 @@ def run_binary(binary, args, results_dir):
     return out
 
 
-def merge_into_baseline(results_path, base_file):
-    """Replaces the baseline's entries for the benchmarks in results_path
-    (a filtered run) and takes the new run's context."""
+def write_baseline(results_path, base_file, merge):
+    """Writes results_path as the baseline. With `merge` (a filtered run),
+    replaces only the baseline's entries for the benchmarks it ran. The
+    binary's path is kept as its name: a baseline names no machine's folders."""
     with open(results_path) as f:
         new = json.load(f)
-    with open(base_file) as f:
-        old = json.load(f)
-    names = {b.get("run_name", b["name"]) for b in new["benchmarks"]}
-    kept = [b for b in old["benchmarks"] if b.get("run_name", b["name"]) not in names]
-    new["benchmarks"] = kept + new["benchmarks"]
+    if merge and os.path.exists(base_file):
+        with open(base_file) as f:
+            old = json.load(f)
+        names = {b.get("run_name", b["name"]) for b in new["benchmarks"]}
+        kept = [b for b in old["benchmarks"] if b.get("run_name", b["name"]) not in names]
+        new["benchmarks"] = kept + new["benchmarks"]
+    context = new.get("context", {})
+    if "executable" in context:
+        context["executable"] = os.path.basename(context["executable"])
     with open(base_file, "w") as f:
         json.dump(new, f, indent=2)
         f.write("\n")
@@ -499,10 +503,7 @@ def process(results_path, args, plt):
                   "override)")
             return False
         os.makedirs(os.path.dirname(base_file), exist_ok=True)
-        if args.filter and os.path.exists(base_file):
-            merge_into_baseline(results_path, base_file)  # a partial run updates its part
-        else:
-            shutil.copyfile(results_path, base_file)
+        write_baseline(results_path, base_file, merge=bool(args.filter))
         print(f"[compare] baseline recorded: {os.path.relpath(base_file, TOP)}")
         return True
     slower = [r[0] for r in rows if r[5] == "SLOWER"]

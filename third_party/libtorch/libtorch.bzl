@@ -21,7 +21,10 @@ def _cache_dir(env):
         return env["RELOADSAFE_CACHE"]
     if env.get("XDG_CACHE_HOME"):
         return env["XDG_CACHE_HOME"] + "/reloadsafe"
-    return env.get("HOME", "/root") + "/.cache/reloadsafe"
+    if not env.get("HOME"):
+        fail("Neither RELOADSAFE_CACHE, XDG_CACHE_HOME nor HOME is set: set RELOADSAFE_CACHE " +
+             "to the folder tools/setup.sh installs into.")
+    return env["HOME"] + "/.cache/reloadsafe"
 
 def _read_version(rctx, root):
     # A torch package has version.py; a LibTorch zip has build-version.
