@@ -21,6 +21,9 @@
 #include "bench/machine_context.h"
 #include "bench/targets.h"
 
+#include <benchmark/benchmark.h>
+
+#include <exception>
 #include <optional>
 #include <string>
 #include <utility>
@@ -49,6 +52,17 @@ struct BenchMainOptions {
   /// Lines describing the binary's own flags, printed by --help.
   std::string help;
 };
+
+/// Calls `body`, turning an exception into a failed benchmark with its
+/// message (a benchmark that checks its own result throws on a wrong one).
+template <class Body>
+void guarded(benchmark::State& state, Body&& body) {
+  try {
+    body();
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
 
 /// Initialises Google Benchmark with argv, runs the benchmarks the flags
 /// select, prints the targets, and returns the exit status: 1 for an

@@ -191,16 +191,6 @@ void time_iterations(benchmark::State& state, const CheckpointFile* file, Cache 
   }
 }
 
-// Calls `body`, turning an exception into a failed benchmark with its message.
-template <class Body>
-void guarded(benchmark::State& state, Body&& body) {
-  try {
-    body();
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-  }
-}
-
 void file_copy(benchmark::State& state, const Destination& dest, Cache cache,
                const Strategy& strategy) {
   guarded(state, [&] {

@@ -41,16 +41,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Calls `body`, turning an exception into a failed benchmark with its message.
-template <class Body>
-void guarded(benchmark::State& state, Body&& body) {
-  try {
-    body();
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-  }
-}
-
 // A layer whose "weight" parameter is `data` (made a parameter object).
 struct OneWeight : Layer {
   explicit OneWeight(const at::Tensor& data) { register_param("weight", make_parameter(data)); }
