@@ -52,7 +52,8 @@ class Backend {
   /// into what the forward reads, through the reloadsafe utilities.
   virtual void process_weights_after_loading(Layer& layer) const = 0;
 
-  /// The forward that kernels run; reads only kernel-visible tensors.
+  /// The forward that kernels run. The harness traces it (read_trace.h):
+  /// every tensor it hands to an op is checked, declared or not.
   virtual at::Tensor forward(const Layer& layer, const at::Tensor& x) const = 0;
 
   /// The forward's input: a fixed shape; the harness fills it.
@@ -69,7 +70,13 @@ class Backend {
   /// True for a negative control: a backend that is known to lose addresses,
   /// which the harness must flag. `expected_violation` names the tensor.
   virtual bool negative_control() const { return false; }
+  /// The tensor name ("weight"), the start of a traced read ("aten::div"),
+  /// "memory" or "op sequence": what the harness must flag.
   virtual std::string expected_violation() const { return ""; }
+
+  /// Bytes that live tensor storages may grow by between the first and the
+  /// last reload (a cache that fills once, say). Zero by default.
+  virtual int64_t memory_tolerance_bytes() const { return 0; }
 };
 
 /// Creates a checkpoint parameter on `device` with the given layout, its

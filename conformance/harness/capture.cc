@@ -1,0 +1,216 @@
+#include "conformance/harness/capture.h"
+
+#include <ATen/core/stack.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <sstream>
+
+namespace reloadsafe::harness {
+namespace {
+
+std::string hex(const void* p) {
+  std::ostringstream os;
+  os << p;
+  return os.str();
+}
+
+// Substrings of the names of ops whose results are random draws.
+constexpr const char* kRandomOps[] = {"rand",        "normal",   "bernoulli",    "dropout",
+                                      "multinomial", "uniform_", "exponential_", "geometric_",
+                                      "cauchy_",     "random_"};
+
+bool is_random(const std::string& op) {
+  return std::any_of(std::begin(kRandomOps), std::end(kRandomOps),
+                     [&](const char* s) { return op.find(s) != std::string::npos; });
+}
+
+}  // namespace
+
+TensorNames::TensorNames(const std::vector<NamedTensor>& named) {
+  for (bool declared : {true, false}) {
+    for (const auto& n : named) {
+      if (n.declared == declared) add(n.name, n.tensor, n.declared);
+    }
+  }
+}
+
+void TensorNames::add(const std::string& name, const at::Tensor& t, bool declared) {
+  if (!t.defined() || !t.has_storage()) return;
+  const void* data = t.storage().data() == nullptr
+                         ? nullptr
+                         : static_cast<const char*>(t.storage().data()) +
+                               t.storage_offset() * static_cast<int64_t>(t.element_size());
+  by_storage_[t.storage().unsafeGetStorageImpl()].push_back(
+      Entry{name, declared, data, t.sizes().vec(), t.strides().vec()});
+}
+
+std::optional<TensorNames::Found> TensorNames::find(const trace::TensorRead& read) const {
+  auto it = by_storage_.find(read.storage);
+  if (it == by_storage_.end()) return std::nullopt;
+  for (const Entry& e : it->second) {
+    if (e.data_ptr == read.data_ptr && e.sizes == read.sizes && e.strides == read.strides) {
+      return Found{e.name, e.declared, true};
+    }
+  }
+  const Entry& first = it->second.front();
+  return Found{first.name, first.declared, false};
+}
+
+std::string TensorNames::label(const trace::TensorRead& read) const {
+  auto found = find(read);
+  if (!found) return "undeclared tensor";
+  std::string s = found->name;
+  if (!found->whole) s += " (view)";
+  if (!found->declared) s += " (undeclared)";
+  return s;
+}
+
+CapturedForward::CapturedForward(const std::function<at::Tensor()>& forward) {
+  trace_ = std::make_unique<trace::ReadTrace>(
+      trace::ReadTrace::Options{/*nested=*/true, /*hold_arguments=*/true});
+  try {
+    output_ = forward();
+  } catch (...) {
+    trace_->stop();
+    throw;
+  }
+  trace_->stop();
+}
+
+std::vector<CapturedRead> CapturedForward::reads(const TensorNames& names) const {
+  std::vector<CapturedRead> out;
+  for (const auto& [i, r] : trace_->external_reads()) {
+    auto found = names.find(r);
+    out.push_back(CapturedRead{r.where(trace_->ops()[i].name), names.label(r),
+                               found && found->declared, r.layout()});
+  }
+  return out;
+}
+
+std::vector<Violation> CapturedForward::compare(const trace::ReadTrace& retrace,
+                                                const TensorNames& names, int reload) const {
+  std::vector<Violation> out;
+  const auto& before = trace_->ops();
+  const auto& after = retrace.ops();
+  const size_t common = std::min(before.size(), after.size());
+  for (size_t i = 0; i < common; ++i) {
+    const trace::OpCall& a = before[i];
+    const trace::OpCall& b = after[i];
+    if (a.name != b.name || a.depth != b.depth || a.reads.size() != b.reads.size()) {
+      // A graph replays the captured sequence: from here on nothing lines up.
+      out.push_back(Violation{reload, "op sequence", "op " + std::to_string(i) + " changed",
+                              a.name + " (depth " + std::to_string(a.depth) + ")",
+                              b.name + " (depth " + std::to_string(b.depth) + ")", ""});
+      return out;
+    }
+    for (size_t j = 0; j < a.reads.size(); ++j) {
+      const trace::TensorRead& ra = a.reads[j];
+      const trace::TensorRead& rb = b.reads[j];
+      if (!ra.external) continue;  // made by the forward: the graph's own memory
+      const std::string label = names.label(ra);
+      const std::string where = ra.where(a.name);
+      if (!rb.external) {
+        out.push_back(Violation{reload, label, "now made inside the forward",
+                                hex(ra.data_ptr) + " " + ra.layout(),
+                                hex(rb.data_ptr) + " " + rb.layout(), where});
+        continue;
+      }
+      if (ra.data_ptr != rb.data_ptr) {
+        out.push_back(Violation{reload, label, "address", hex(ra.data_ptr), hex(rb.data_ptr), where});
+      }
+      if (ra.storage != rb.storage) {
+        out.push_back(Violation{reload, label, "storage", hex(ra.storage), hex(rb.storage), where});
+      } else if (ra.storage_data != rb.storage_data || ra.storage_nbytes != rb.storage_nbytes) {
+        out.push_back(Violation{
+            reload, label, "storage resized or moved",
+            hex(ra.storage_data) + " " + std::to_string(ra.storage_nbytes) + " B",
+            hex(rb.storage_data) + " " + std::to_string(rb.storage_nbytes) + " B", where});
+      }
+      if (ra.layout() != rb.layout()) {
+        out.push_back(Violation{reload, label, "layout", ra.layout(), rb.layout(), where});
+      }
+    }
+  }
+  if (before.size() != after.size()) {
+    const std::string extra = before.size() < after.size() ? after[common].name : "(none)";
+    out.push_back(Violation{reload, "op sequence", "length changed",
+                            std::to_string(before.size()) + " ops",
+                            std::to_string(after.size()) + " ops (first new: " + extra + ")", ""});
+  }
+  return out;
+}
+
+std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
+  for (const auto& op : trace_->ops()) {
+    if (is_random(op.name)) {
+      *why = op.name + " draws random numbers: a replay cannot match a fresh forward";
+      return std::nullopt;
+    }
+  }
+  // Result objects of the capture -> what the replay computed in their place.
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> made;
+  std::string missing;
+  auto map = [&](const at::Tensor& t) -> at::Tensor {
+    if (!t.defined() || !t.has_storage()) return t;
+    if (trace_->classify(t.storage().unsafeGetStorageImpl()).value_or(true)) return t;
+    auto it = made.find(t.unsafeGetTensorImpl());
+    if (it == made.end()) {
+      missing = t.toString();
+      return t;
+    }
+    return it->second;
+  };
+  auto map_value = [&](const c10::IValue& v) -> c10::IValue {
+    if (v.isTensor()) return map(v.toTensor());
+    if (v.isTensorList()) {
+      c10::List<at::Tensor> list;
+      for (const at::Tensor& t : v.toTensorList().vec()) list.push_back(map(t));
+      return list;
+    }
+    if (v.isList() && v.toListRef().size() > 0) {
+      c10::impl::GenericList list(v.toList().elementType());
+      for (const c10::IValue& e : v.toListRef()) list.push_back(e.isTensor() ? c10::IValue(map(e.toTensor())) : e);
+      return list;
+    }
+    return v;
+  };
+  auto remember = [&](const c10::IValue& captured, const c10::IValue& replayed) {
+    if (captured.isTensor() && replayed.isTensor()) {
+      made[captured.toTensor().unsafeGetTensorImpl()] = replayed.toTensor();
+    } else if (captured.isTensorList() && replayed.isTensorList()) {
+      const auto c = captured.toTensorList().vec();
+      const auto r = replayed.toTensorList().vec();
+      for (size_t k = 0; k < c.size() && k < r.size(); ++k) made[c[k].unsafeGetTensorImpl()] = r[k];
+    }
+  };
+
+  for (const trace::HeldCall& call : trace_->held_calls()) {
+    torch::jit::Stack stack;
+    stack.reserve(call.inputs.size());
+    for (const c10::IValue& v : call.inputs) stack.push_back(map_value(v));
+    if (!missing.empty()) {
+      *why = call.op.schema().name() + " reads a tensor the forward made without an op (" +
+             missing.substr(0, missing.find('\n')) + ")";
+      return std::nullopt;
+    }
+    call.op.callBoxed(stack);
+    for (size_t k = 0; k < call.outputs.size() && k < stack.size(); ++k) {
+      remember(call.outputs[k], stack[k]);
+    }
+  }
+  if (!output_.defined()) {
+    *why = "the forward returned no tensor";
+    return std::nullopt;
+  }
+  auto it = made.find(output_.unsafeGetTensorImpl());
+  if (it != made.end()) return it->second;
+  if (output_.has_storage() &&
+      trace_->classify(output_.storage().unsafeGetStorageImpl()).value_or(true)) {
+    return output_;  // the forward returned a tensor it did not make
+  }
+  *why = "the forward's result was not returned by a top-level op";
+  return std::nullopt;
+}
+
+}  // namespace reloadsafe::harness

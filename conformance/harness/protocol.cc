@@ -1,0 +1,402 @@
+#include "conformance/harness/protocol.h"
+
+#include "conformance/harness/capture.h"
+#include "conformance/harness/memory_census.h"
+#include "utils/reload_context.h"
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <iomanip>
+#include <set>
+#include <sstream>
+
+namespace reloadsafe::harness {
+namespace {
+
+std::string hex(const void* p) {
+  std::ostringstream os;
+  os << p;
+  return os.str();
+}
+
+// What the protocol records of a declared tensor.
+struct TensorRecord {
+  const void* data_ptr = nullptr;
+  const void* storage = nullptr;
+  const void* storage_ptr = nullptr;
+  size_t storage_nbytes = 0;
+  std::string layout;
+
+  explicit TensorRecord(const at::Tensor& t)
+      : storage(t.storage().unsafeGetStorageImpl()),
+        storage_ptr(t.storage().data()),
+        storage_nbytes(t.storage().nbytes()) {
+    if (storage_ptr != nullptr) {
+      data_ptr = static_cast<const char*>(storage_ptr) +
+                 t.storage_offset() * static_cast<int64_t>(t.element_size());
+    }
+    std::ostringstream os;
+    os << c10::toString(t.scalar_type()) << t.sizes() << " stride " << t.strides() << " offset "
+       << t.storage_offset();
+    layout = os.str();
+  }
+};
+
+using Records = std::vector<std::pair<std::string, TensorRecord>>;
+
+Records declared_records(const std::vector<NamedTensor>& named) {
+  Records records;
+  for (const auto& n : named) {
+    if (n.declared && n.tensor.defined() && n.tensor.has_storage()) {
+      records.emplace_back(n.name, TensorRecord(n.tensor));
+    }
+  }
+  return records;
+}
+
+// Counts every violation and every flagged name; lists the first few.
+class ViolationSink {
+ public:
+  ViolationSink(ModeReport& report, int max_listed) : report_(report), max_listed_(max_listed) {}
+
+  void add(Violation v) {
+    ++report_.violation_count;
+    flag(v.tensor);
+    flag(v.read);
+    if (static_cast<int>(report_.violations.size()) < max_listed_) {
+      report_.violations.push_back(std::move(v));
+    }
+  }
+  void add(int reload, std::string tensor, std::string what, std::string before,
+           std::string after) {
+    add(Violation{reload, std::move(tensor), std::move(what), std::move(before), std::move(after),
+                  ""});
+  }
+
+ private:
+  void flag(const std::string& s) {
+    if (s.empty()) return;
+    if (std::find(report_.flagged.begin(), report_.flagged.end(), s) == report_.flagged.end()) {
+      report_.flagged.push_back(s);
+    }
+  }
+  ModeReport& report_;
+  int max_listed_;
+};
+
+void compare_records(const Records& before, const Records& after, int reload, ViolationSink& sink) {
+  auto find = [](const Records& rs, const std::string& name) {
+    return std::find_if(rs.begin(), rs.end(), [&](const auto& r) { return r.first == name; });
+  };
+  for (const auto& [name, b] : before) {
+    auto it = find(after, name);
+    if (it == after.end()) {
+      sink.add(reload, name, "missing", b.layout, "(no longer declared)");
+      continue;
+    }
+    const TensorRecord& a = it->second;
+    if (a.data_ptr != b.data_ptr) sink.add(reload, name, "address", hex(b.data_ptr), hex(a.data_ptr));
+    if (a.storage != b.storage) sink.add(reload, name, "storage", hex(b.storage), hex(a.storage));
+    if (a.storage == b.storage &&
+        (a.storage_ptr != b.storage_ptr || a.storage_nbytes != b.storage_nbytes)) {
+      // The same storage object, reallocated or resized under the tensor.
+      sink.add(reload, name, "storage resized or moved",
+               hex(b.storage_ptr) + " " + std::to_string(b.storage_nbytes) + " B",
+               hex(a.storage_ptr) + " " + std::to_string(a.storage_nbytes) + " B");
+    }
+    if (a.layout != b.layout) sink.add(reload, name, "layout", b.layout, a.layout);
+  }
+  for (const auto& [name, a] : after) {
+    if (find(before, name) == before.end()) {
+      sink.add(reload, name, "new declared tensor", "(absent)", a.layout);
+    }
+  }
+}
+
+bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
+         at::equal(a.cpu(), b.cpu());
+}
+
+std::string max_diff(const at::Tensor& a, const at::Tensor& b) {
+  std::ostringstream os;
+  if (a.sizes() != b.sizes()) {
+    os << "shape " << a.sizes() << " vs " << b.sizes();
+  } else {
+    os << "max |diff| "
+       << (a.cpu().to(at::kDouble) - b.cpu().to(at::kDouble)).abs().max().item<double>();
+  }
+  return os.str();
+}
+
+bool close(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes() == b.sizes() &&
+         at::allclose(a.cpu().to(at::kDouble), b.cpu().to(at::kDouble), 1e-5, 1e-5);
+}
+
+// The captured forward and what it reads, named and checked once.
+struct Capture {
+  std::unique_ptr<CapturedForward> forward;
+  std::unique_ptr<TensorNames> names;
+};
+
+Capture capture_forward(ReloadSubject& subject, const at::Tensor& x, ModeReport& report) {
+  Capture c;
+  c.names = std::make_unique<TensorNames>(subject.named_tensors());
+  c.names->add("input", x, /*declared=*/true);
+  c.forward = std::make_unique<CapturedForward>([&] { return subject.forward(x); });
+  int weights = 0;
+  std::set<std::string> warned;
+  for (const CapturedRead& r : c.forward->reads(*c.names)) {
+    if (r.name == "input") continue;
+    ++weights;
+    if (r.declared) {
+      ++report.declared_reads;
+      continue;
+    }
+    ++report.undeclared_reads;
+    if (warned.insert(r.op + r.name).second) {
+      report.warnings.push_back(Warning{
+          r.name, r.op,
+          "the forward reads a tensor the backend did not declare (" + r.layout +
+              "); it is checked like a declared one, but declare it (derived_names) if it is "
+              "meant to be read"});
+    }
+  }
+  TORCH_CHECK(weights > 0, "the forward reads no tensor besides its input (",
+              c.forward->trace().ops().size(),
+              " ops traced): it must read the layer's weights through dispatcher ops; a kernel "
+              "launched without the dispatcher is invisible to the trace");
+  return c;
+}
+
+ModeReport run_mode(ReloadSubject& subject, ReloadMode mode, const RunOptions& options) {
+  ModeReport report;
+  report.mode = mode;
+  const auto declared = subject.modes();
+  report.expected_to_pass = std::find(declared.begin(), declared.end(), mode) != declared.end();
+  ViolationSink sink(report, options.max_listed);
+  if (options.device.is_cpu()) install_cpu_census();
+  try {
+    subject.cold_load(subject.make_checkpoint(options.seed));
+    const Records recorded = declared_records(subject.named_tensors());
+    const at::Tensor x = subject.make_input(options.seed + 7919).to(options.device);
+    const at::Tensor x_copy = x.clone();
+    const at::Tensor canary =
+        at::full({4096}, 0x5a, at::TensorOptions().dtype(at::kByte).device(options.device));
+
+    Capture capture;
+    if (options.trace) {
+      subject.forward(x);  // warm-up: engines run the forward before they capture
+      capture = capture_forward(subject, x, report);
+    }
+    auto memory = [&] {
+      if (auto bytes = live_tensor_bytes(options.device)) report.memory_bytes.push_back(*bytes);
+    };
+    memory();
+
+    for (int r = 1; r <= options.reloads; ++r) {
+      const uint64_t seed = options.seed + 1000003ull * static_cast<uint64_t>(r);
+      const Checkpoint ckpt = subject.make_checkpoint(seed);
+      Checkpoint pristine;
+      for (const auto& [n, t] : ckpt) pristine.emplace(n, t.clone());
+      {
+        DirectReloadScope direct(mode == ReloadMode::kDirect);
+        subject.reload(ckpt, mode);
+      }
+      report.reloads_done = r;
+      memory();
+      compare_records(recorded, declared_records(subject.named_tensors()), r, sink);
+      for (const auto& [n, t] : ckpt) {
+        // The loaders and post-processing must not write into the checkpoint.
+        if (!same_bytes(t, pristine.at(n))) sink.add(r, "checkpoint:" + n, "bytes changed", "", "");
+      }
+      if (!same_bytes(x, x_copy)) sink.add(r, "input", "bytes changed", "", "");
+      if (!at::equal(canary.cpu(), at::full({4096}, 0x5a, at::kByte)))
+        sink.add(r, "canary", "bytes changed", "", "");
+
+      at::Tensor out;
+      if (options.trace) {
+        trace::ReadTrace retrace;
+        out = subject.forward(x);
+        retrace.stop();
+        for (Violation& v : capture.forward->compare(retrace, *capture.names, r)) sink.add(std::move(v));
+      } else {
+        out = subject.forward(x);
+      }
+      const at::Tensor expected = subject.fresh_forward(ckpt, x);
+      if (!close(out, expected)) {
+        sink.add(r, "forward", "differs from a cold load of the same checkpoint", "cold load",
+                 max_diff(out, expected));
+      }
+      if (options.trace) {
+        std::string why;
+        std::optional<at::Tensor> replayed = capture.forward->replay(&why);
+        if (!replayed) {
+          if (r == 1) report.warnings.push_back(Warning{"replay", "", "not replayed: " + why});
+        } else if (!close(*replayed, expected)) {
+          sink.add(r, "replay",
+                   "the captured ops, replayed, differ from a cold load (a stale read)",
+                   "cold load", max_diff(*replayed, expected));
+        }
+      }
+    }
+    if (report.memory_bytes.size() >= 3) {
+      // Growth after the first reload: the cold load and the first reload may
+      // legitimately allocate (a storage released by the first
+      // post-processing is re-made by the first load).
+      const int64_t first = report.memory_bytes[1];
+      const int64_t last = report.memory_bytes.back();
+      if (last - first > subject.memory_tolerance_bytes()) {
+        sink.add(Violation{options.reloads, "memory",
+                           "grew by " + std::to_string(last - first) + " bytes over " +
+                               std::to_string(options.reloads - 1) + " reloads",
+                           std::to_string(first) + " B after reload 1",
+                           std::to_string(last) + " B after reload " + std::to_string(options.reloads),
+                           ""});
+      }
+    }
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    report.error = what.substr(0, what.find('\n'));
+  }
+  try {
+    subject.release();
+  } catch (const std::exception&) {
+  }
+  return report;
+}
+
+bool matches(const std::string& expected, const std::string& flagged) {
+  if (expected.empty()) return false;
+  if (flagged == expected) return true;
+  // "aten::div" matches "aten::div.Tensor arg 1 (other)"; "scale" matches
+  // "scale (undeclared)".
+  return flagged.rfind(expected, 0) == 0 && flagged.size() > expected.size() &&
+         (flagged[expected.size()] == ' ' || flagged[expected.size()] == '.');
+}
+
+}  // namespace
+
+bool BackendReport::ok() const {
+  if (negative_control) {
+    for (const auto& m : modes) {
+      for (const auto& f : m.flagged) {
+        if (matches(expected_violation, f)) return true;
+      }
+    }
+    return false;
+  }
+  for (const auto& m : modes) {
+    if (m.expected_to_pass && !m.clean()) return false;
+  }
+  return true;
+}
+
+BackendReport run_subject(ReloadSubject& subject, const RunOptions& options) {
+  BackendReport report;
+  report.name = subject.name();
+  report.description = subject.description();
+  report.negative_control = subject.negative_control();
+  report.expected_violation = subject.expected_violation();
+  for (ReloadMode mode : {ReloadMode::kNormal, ReloadMode::kDirect}) {
+    report.modes.push_back(run_mode(subject, mode, options));
+  }
+  return report;
+}
+
+std::string to_json(const std::vector<BackendReport>& reports, const RunOptions& options) {
+  nlohmann::ordered_json j;
+  j["device"] = options.device.str();
+  j["reloads"] = options.reloads;
+  j["seed"] = options.seed;
+  j["trace"] = options.trace;
+  j["backends"] = nlohmann::ordered_json::array();
+  for (const auto& r : reports) {
+    nlohmann::ordered_json b;
+    b["name"] = r.name;
+    b["description"] = r.description;
+    b["negative_control"] = r.negative_control;
+    if (r.negative_control) b["expected_violation"] = r.expected_violation;
+    b["ok"] = r.ok();
+    for (const auto& m : r.modes) {
+      nlohmann::ordered_json mj;
+      mj["expected_to_pass"] = m.expected_to_pass;
+      mj["reloads_done"] = m.reloads_done;
+      mj["violation_count"] = m.violation_count;
+      mj["declared_reads"] = m.declared_reads;
+      mj["undeclared_reads"] = m.undeclared_reads;
+      if (!m.error.empty()) mj["error"] = m.error;
+      mj["flagged"] = m.flagged;
+      mj["violations"] = nlohmann::ordered_json::array();
+      for (const auto& v : m.violations) {
+        nlohmann::ordered_json vj{{"reload", v.reload},
+                                  {"tensor", v.tensor},
+                                  {"what", v.what},
+                                  {"before", v.before},
+                                  {"after", v.after}};
+        if (!v.read.empty()) vj["read"] = v.read;
+        mj["violations"].push_back(vj);
+      }
+      mj["warnings"] = nlohmann::ordered_json::array();
+      for (const auto& w : m.warnings) {
+        mj["warnings"].push_back({{"tensor", w.tensor}, {"read", w.read}, {"message", w.message}});
+      }
+      mj["memory_bytes"] = m.memory_bytes;
+      b["modes"][to_string(m.mode)] = mj;
+    }
+    j["backends"].push_back(b);
+  }
+  return j.dump(2);
+}
+
+std::string to_table(const std::vector<BackendReport>& reports) {
+  std::ostringstream os;
+  auto cell = [](const ModeReport& m) {
+    std::string s = !m.error.empty()         ? "error"
+                    : m.violation_count == 0 ? "kept"
+                                             : std::to_string(m.violation_count) + " violations";
+    if (!m.warnings.empty()) s += ", " + std::to_string(m.warnings.size()) + " warn";
+    if (!m.expected_to_pass) s += " (not claimed)";
+    return s;
+  };
+  auto reads = [](const BackendReport& r) {
+    if (r.modes.empty()) return std::string("-");
+    return std::to_string(r.modes[0].declared_reads) + "/" +
+           std::to_string(r.modes[0].undeclared_reads);
+  };
+  os << std::left << std::setw(24) << "backend" << std::setw(30) << "normal reload" << std::setw(30)
+     << "direct reload" << std::setw(12) << "reads d/u"
+     << "verdict\n";
+  for (const auto& r : reports) {
+    const std::string verdict = r.negative_control
+                                    ? (r.ok() ? "flagged (negative control)" : "NOT FLAGGED")
+                                    : (r.ok() ? "pass" : "FAIL");
+    os << std::setw(24) << r.name << std::setw(30) << (r.modes.size() > 0 ? cell(r.modes[0]) : "")
+       << std::setw(30) << (r.modes.size() > 1 ? cell(r.modes[1]) : "") << std::setw(12) << reads(r)
+       << verdict << "\n";
+  }
+  for (const auto& r : reports) {
+    for (const auto& m : r.modes) {
+      const std::string tag = "  " + r.name + " [" + to_string(m.mode) + "] ";
+      if (!m.error.empty()) os << tag << "error: " << m.error << "\n";
+      for (size_t i = 0; i < m.violations.size() && i < 3; ++i) {
+        const Violation& v = m.violations[i];
+        os << tag << "reload " << v.reload << ": ";
+        if (!v.read.empty()) os << v.read << " ";
+        os << (v.read.empty() ? v.tensor : "(" + v.tensor + ")") << " " << v.what << ": "
+           << v.before << " -> " << v.after << "\n";
+      }
+      for (size_t i = 0; i < m.warnings.size() && i < 3; ++i) {
+        const Warning& w = m.warnings[i];
+        os << tag << "warning: " << (w.read.empty() ? "" : w.read + " ") << "(" << w.tensor
+           << ") " << w.message << "\n";
+      }
+    }
+  }
+  return os.str();
+}
+
+}  // namespace reloadsafe::harness

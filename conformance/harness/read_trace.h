@@ -1,0 +1,195 @@
+// read_trace.h: which tensors a piece of code hands to operators.
+//
+// A captured CUDA graph bakes in the address of every tensor its kernels
+// read. A reload is safe for the graph only if each of those tensors is still
+// where the capture saw it. Backends name the tensors they think their
+// forward reads; real reload bugs hide in the tensors nobody named (a scale
+// rebuilt as an undeclared attribute, a permuted weight held by a kernel
+// object or a closure, a workspace allocated by the first forward). A
+// ReadTrace finds them by watching the forward itself: for every operator
+// call made on the current thread inside its scope it records the operator
+// and, for every tensor argument, the storage it lives on, the data pointer,
+// the layout, dtype and device, and whether that storage is *external*.
+//
+// Invariant: a read is external exactly when its storage existed before the
+// scope and was not made by an op inside it. Views share their base's
+// storage, so a view of an external tensor is external; a tensor made inside
+// the scope (and every view of it) is internal. How "existed before" is
+// decided: see Note [Inside or before the scope] in read_trace.cc (on the
+// CPU the trace installs the allocation census of memory_census.h). Storage identity is kept alive (weakly) for the trace's lifetime,
+// so two storages seen by one trace never share an identity.
+//
+// Note [Why a mode-key fallback and not RecordFunction]
+// LibTorch offers two observation points. RecordFunction callbacks with
+// needsInputs() are called for every op, but on LibTorch 2.11 they deliver no
+// inputs for some ops (`aten::t`, `aten::fill_`, `aten::resolve_conj`, and
+// outside inference mode `aten::div` and `aten::mm`): exactly the ops a
+// forward passes its weights to. A boxed fallback on a dispatch key that no
+// tensor carries, switched on for the scope with a thread-local
+// IncludeDispatchKeyGuard, sees every op's full argument stack, tensor lists
+// and optional tensors included, for ATen ops and custom ops registered with
+// TORCH_LIBRARY alike. The trace uses the fallback; read_trace_test.cc pins
+// the RecordFunction blind spots next to the fallback seeing the same ops.
+//
+// The key is DispatchKey::TESTING_ONLY_GenericMode: it sits above autograd,
+// functionalization and the Python key, so ops are seen as the caller issued
+// them, and nothing in PyTorch itself registers a kernel for it. The price is
+// that a process can hold one fallback for it: another library registering
+// one for the same key fails at load time. The trace redispatches with the
+// key removed, and (by default) leaves it included while the op runs, so ops
+// that an op calls internally (a composite's decomposition, a custom op's
+// implementation) are recorded too, one level deeper.
+//
+// What the trace cannot see:
+//  - kernels launched without the dispatcher: a raw Triton launch, a cuBLAS or
+//    custom CUDA kernel called directly from C++, a pointer handed to a
+//    library. Their reads do not appear; on a GPU, replaying a captured graph
+//    still catches what they read stale.
+//  - work done on other threads (each thread needs its own trace), and ops
+//    run while dispatch is below the key (inside another fallback that
+//    excludes all functionality keys).
+//  - storages made inside the scope without an op and without the CPU
+//    allocator (at::from_blob on fresh memory; on CUDA, a buffer a kernel
+//    allocates directly and hands to a nested op without returning it): they
+//    are classified as external. Wrapped Python/C++ numbers (`x * 0.5`) are
+//    not memory reads and are skipped.
+//
+// Usage:
+//   reloadsafe::trace::ReadTrace trace;
+//   at::Tensor y = forward(x);
+//   trace.stop();
+//   for (const auto& op : trace.ops())
+//     for (const auto& r : op.reads)
+//       if (r.external) ...;
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+namespace reloadsafe::trace {
+
+/// The dispatch key the trace owns (see Note [Why a mode-key fallback and not
+/// RecordFunction]).
+constexpr c10::DispatchKey kTraceKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
+
+/// One tensor argument of one op, as the op received it.
+struct TensorRead {
+  int arg = 0;            ///< index of the argument in the op's schema
+  int element = -1;       ///< index in a Tensor[] argument; -1 for a single tensor
+  std::string arg_name;   ///< the schema's name for the argument ("self", "mat2")
+  bool written = false;   ///< the schema says the op writes it (in-place, out=)
+  bool external = false;  ///< see the invariant at the top of this file
+  bool has_storage = true;  ///< false for tensors without storage (sparse, nested)
+  /// The storage's identity, for comparison only: never dereferenced.
+  const void* storage = nullptr;
+  const void* storage_data = nullptr;  ///< the storage's data pointer (null if empty)
+  size_t storage_nbytes = 0;
+  const void* data_ptr = nullptr;  ///< storage_data + storage_offset * itemsize
+  int64_t storage_offset = 0;      ///< in elements
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  c10::Device device = c10::Device(c10::kCPU);
+
+  /// "Float[16, 64] stride [64, 1] offset 0 on cpu".
+  std::string layout() const;
+  /// "aten::mm arg 1 (mat2)"-style position of this read, given its op.
+  std::string where(const std::string& op_name) const;
+};
+
+/// One op call seen by the trace.
+struct OpCall {
+  std::string name;  ///< "aten::mm", with the overload: "aten::add.Tensor"
+  int depth = 0;     ///< 0: called by the traced code; n: called inside a depth n-1 op
+  std::vector<TensorRead> reads;
+};
+
+/// The boxed arguments and results of a depth-0 op, held as a capture holds
+/// them: every tensor kept alive; an external tensor as a new object on the
+/// same storage with the same layout (rebinding the caller's object later
+/// does not change what the capture reads), an internal one as itself.
+struct HeldCall {
+  c10::OperatorHandle op;
+  std::vector<c10::IValue> inputs;
+  std::vector<c10::IValue> outputs;
+};
+
+/// Records op calls on the current thread from construction until stop() or
+/// destruction. Not copyable or movable; stop it on the thread that made it.
+/// Traces on different threads are independent; a trace started while
+/// another is active on the same thread takes over until it stops.
+class ReadTrace {
+ public:
+  struct Options {
+    /// Record ops called inside other ops (depth > 0).
+    bool nested = true;
+    /// Keep every depth-0 op's arguments and results (held_calls()), which
+    /// keeps their tensors alive until the trace is destroyed.
+    bool hold_arguments = false;
+  };
+
+  ReadTrace() : ReadTrace(Options{}) {}
+  explicit ReadTrace(Options options);
+  ~ReadTrace();
+  ReadTrace(const ReadTrace&) = delete;
+  ReadTrace& operator=(const ReadTrace&) = delete;
+
+  /// Stops recording (idempotent). Must run on the thread that started it.
+  void stop();
+
+  bool active() const { return active_; }
+
+  /// Every op seen, in call order.
+  const std::vector<OpCall>& ops() const { return ops_; }
+
+  /// With Options::hold_arguments: every depth-0 op with its arguments.
+  const std::vector<HeldCall>& held_calls() const { return held_; }
+
+  /// Every external read, in call order, with the index of its op.
+  std::vector<std::pair<size_t, TensorRead>> external_reads() const;
+
+  /// Whether the trace saw storage `storage` and, if so, whether external.
+  std::optional<bool> classify(const c10::StorageImpl* storage) const;
+
+  /// Called by the dispatcher fallback; not for users.
+  void on_call(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);
+
+ private:
+  TensorRead read_of(const at::Tensor& t, int arg, int element, const c10::Argument& schema_arg);
+  void note_result(const at::Tensor& t);
+  c10::IValue hold_as_captured(const c10::IValue& v) const;
+  bool existed_before(const TensorRead& r) const;
+  void resolve_pending(size_t first_op, const std::vector<const c10::StorageImpl*>& returned);
+
+  Options options_;
+  bool active_ = false;
+  int depth_ = 0;
+  std::thread::id owner_;
+  ReadTrace* previous_ = nullptr;
+  std::optional<c10::impl::IncludeDispatchKeyGuard> include_;
+  std::vector<OpCall> ops_;
+  std::vector<HeldCall> held_;
+  // Storage identity -> external?; the weak reference keeps the identity
+  // from being reused by a new storage while the trace lives.
+  struct Seen {
+    bool external;
+    c10::weak_intrusive_ptr<c10::StorageImpl> keep;
+  };
+  std::unordered_map<const c10::StorageImpl*, Seen> seen_;
+  // First seen inside a nested op on a device without the census; see Note
+  // [Inside or before the scope] in read_trace.cc.
+  std::vector<const c10::StorageImpl*> pending_;
+  uint64_t start_epoch_ = 0;
+};
+
+}  // namespace reloadsafe::trace
