@@ -82,8 +82,8 @@ std::vector<CapturedRead> CapturedForward::reads(const TensorNames& names) const
   std::vector<CapturedRead> out;
   for (const auto& [i, r] : trace_->external_reads()) {
     auto found = names.find(r);
-    out.push_back(CapturedRead{r.where(trace_->ops()[i].name), names.label(r),
-                               found && found->declared, r.layout()});
+    out.push_back(CapturedRead{r.where(trace_->ops()[i].name), trace_->ops()[i].depth,
+                               names.label(r), found && found->declared, r.layout(), r.storage});
   }
   return out;
 }

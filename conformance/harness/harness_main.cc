@@ -1,48 +1,106 @@
 // The reload harness over every registered backend.
 //
-//   bazel run //conformance/harness:reload_harness -- [--reloads N] [--device cpu|cuda]
-//       [--backend NAME] [--seed S] [--json PATH]
+//   bazel run //conformance/harness:reload_harness -- [--reloads N] [--device cpu|cuda[:I]]
+//       [--backend NAME] [--seed S] [--json PATH] [--no-trace] [--trace]
 //
 // Prints a table for people and, with --json, writes the report for machines.
-// Exits 1 when a sample backend loses an address or a negative control is not
-// flagged, 2 on bad arguments.
+// --trace prints what the forward of each selected backend reads (its
+// captured read set) and runs no reloads. Exits 1 when a sample backend loses
+// an address or a negative control is not flagged, 2 on bad arguments.
 #include "conformance/harness/harness.h"
 
 #include <ATen/Context.h>
 
+#include <charconv>
 #include <cstdlib>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
+#include <set>
 #include <string>
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: reload_harness [--reloads N] [--device cpu|cuda[:I]] [--backend NAME] [--seed S]\n"
+    "                      [--json PATH] [--no-trace] [--trace]\n";
+
+[[noreturn]] void bad_argument(const std::string& message) {
+  std::cerr << "reload_harness: " << message << "\n" << kUsage;
+  std::exit(2);
+}
+
+template <typename T>
+T parse_number(const std::string& flag, const std::string& text, T min) {
+  T value{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || value < min) {
+    bad_argument(flag + " takes an integer >= " + std::to_string(min) + ", not '" + text + "'");
+  }
+  return value;
+}
+
+c10::Device parse_device(const std::string& text) {
+  try {
+    c10::Device device(text);
+    if (!device.is_cpu() && !device.is_cuda()) bad_argument("--device takes cpu or cuda[:I]");
+    return device;
+  } catch (const c10::Error&) {
+    bad_argument("--device takes cpu or cuda[:I], not '" + text + "'");
+  }
+}
+
+void print_trace(const reloadsafe::harness::Backend& backend, const c10::Device& device,
+                 uint64_t seed) {
+  using namespace reloadsafe::harness;
+  const auto reads = captured_reads(backend, device, seed);
+  std::set<const void*> declared, undeclared;
+  std::cout << backend.name() << ": what the forward reads (captured at cold load; nested ops "
+            << "indented)\n";
+  std::cout << "  " << std::left << std::setw(44) << "op, argument" << std::setw(30) << "tensor"
+            << "layout\n";
+  for (const auto& r : reads) {
+    const std::string op = std::string(2 * static_cast<size_t>(r.depth), ' ') + r.op;
+    std::cout << "  " << std::setw(44) << op << std::setw(30) << r.name << r.layout << "\n";
+    if (r.name == "input") continue;
+    (r.declared ? declared : undeclared).insert(r.storage);
+  }
+  std::cout << "  tensors read: " << declared.size() << " declared, " << undeclared.size()
+            << " undeclared\n\n";
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace reloadsafe::harness;
   RunOptions options;
   std::string only, json_path;
+  bool trace_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::cerr << "reload_harness: " << arg << " needs a value\n";
-        std::exit(2);
-      }
+      if (i + 1 >= argc) bad_argument(arg + " needs a value");
       return argv[++i];
     };
     if (arg == "--reloads") {
-      options.reloads = std::atoi(value().c_str());
+      options.reloads = parse_number<int>(arg, value(), 1);
     } else if (arg == "--device") {
-      options.device = c10::Device(value());
+      options.device = parse_device(value());
     } else if (arg == "--backend") {
       only = value();
     } else if (arg == "--seed") {
-      options.seed = std::strtoull(value().c_str(), nullptr, 10);
+      options.seed = parse_number<uint64_t>(arg, value(), 0);
     } else if (arg == "--json") {
       json_path = value();
+    } else if (arg == "--no-trace") {
+      options.trace = false;
+    } else if (arg == "--trace") {
+      trace_only = true;
+    } else if (arg == "--help" || arg == "-h") {
+      std::cout << kUsage;
+      return 0;
     } else {
-      std::cerr << "reload_harness: unknown argument " << arg
-                << "\nusage: reload_harness [--reloads N] [--device cpu|cuda] [--backend NAME] "
-                   "[--seed S] [--json PATH]\n";
-      return 2;
+      bad_argument("unknown argument " + arg);
     }
   }
   if (options.device.is_cuda() && !at::hasCUDA()) {
@@ -50,19 +108,36 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::vector<BackendReport> reports;
+  bool found = false;
   for (const auto& backend : BackendRegistry::instance().create_all()) {
     if (!only.empty() && backend->name() != only) continue;
+    found = true;
+    if (trace_only) {
+      try {
+        print_trace(*backend, options.device, options.seed);
+      } catch (const std::exception& e) {
+        const std::string what = e.what();
+        std::cout << backend->name() << ": error: " << what.substr(0, what.find('\n')) << "\n\n";
+      }
+      continue;
+    }
     std::cerr << "[harness] " << backend->name() << ": " << options.reloads
               << " reloads x 2 modes on " << options.device << "\n";
     reports.push_back(run_backend(*backend, options));
   }
-  if (reports.empty()) {
+  if (!found) {
     std::cerr << "reload_harness: no backend named '" << only << "'\n";
     return 2;
   }
+  if (trace_only) return 0;
   std::cout << to_table(reports);
   if (!json_path.empty()) {
-    std::ofstream(json_path) << to_json(reports, options) << "\n";
+    std::ofstream out(json_path);
+    out << to_json(reports, options) << "\n";
+    if (!out) {
+      std::cerr << "reload_harness: cannot write " << json_path << "\n";
+      return 2;
+    }
     std::cerr << "[harness] JSON report: " << json_path << "\n";
   }
   for (const auto& r : reports) {

@@ -147,24 +147,21 @@ Capture capture_forward(ReloadSubject& subject, const at::Tensor& x, ModeReport&
   c.names = std::make_unique<TensorNames>(subject.named_tensors());
   c.names->add("input", x, /*declared=*/true);
   c.forward = std::make_unique<CapturedForward>([&] { return subject.forward(x); });
-  int weights = 0;
-  std::set<std::string> warned;
+  std::set<const void*> declared, undeclared;
   for (const CapturedRead& r : c.forward->reads(*c.names)) {
     if (r.name == "input") continue;
-    ++weights;
     if (r.declared) {
-      ++report.declared_reads;
-      continue;
-    }
-    ++report.undeclared_reads;
-    if (warned.insert(r.op + r.name).second) {
+      declared.insert(r.storage);
+    } else if (undeclared.insert(r.storage).second) {
       report.warnings.push_back(Warning{
           r.name, r.op,
-          "the forward reads a tensor the backend did not declare (" + r.layout +
-              "); it is checked like a declared one, but declare it (derived_names) if it is "
-              "meant to be read"});
+          "read but not declared (" + r.layout +
+              "); checked like a declared tensor; declare it if the forward is meant to read it"});
     }
   }
+  report.declared_reads = static_cast<int>(declared.size());
+  report.undeclared_reads = static_cast<int>(undeclared.size());
+  const size_t weights = declared.size() + undeclared.size();
   TORCH_CHECK(weights > 0, "the forward reads no tensor besides its input (",
               c.forward->trace().ops().size(),
               " ops traced): it must read the layer's weights through dispatcher ops; a kernel "

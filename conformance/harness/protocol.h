@@ -79,9 +79,11 @@ struct RunOptions {
 /// One read of the captured forward, for reports.
 struct CapturedRead {
   std::string op;    ///< "aten::mm arg 1 (mat2)"
+  int depth = 0;     ///< 0: an op the forward called; n: nested inside one
   std::string name;  ///< the tensor's name, "input" or "undeclared tensor"
   bool declared = false;
   std::string layout;
+  const void* storage = nullptr;  ///< identity, for counting distinct tensors
 };
 
 struct ModeReport {
@@ -94,7 +96,8 @@ struct ModeReport {
   std::vector<std::string> flagged;
   std::vector<Violation> violations;
   std::vector<Warning> warnings;
-  /// External reads of the captured forward (the input excluded).
+  /// Distinct tensors (storages) the captured forward reads from outside,
+  /// the input excluded: declared ones and undeclared ones.
   int declared_reads = 0;
   int undeclared_reads = 0;
   /// Bytes in live CPU tensor storages (or CUDA allocated bytes) after the
