@@ -1,0 +1,138 @@
+#include "conformance/harness/capture.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <set>
+
+namespace reloadsafe::harness {
+namespace {
+
+std::set<std::string> whats(const std::vector<Violation>& vs) {
+  std::set<std::string> s;
+  for (const auto& v : vs) s.insert(v.tensor + ": " + v.what);
+  return s;
+}
+
+// A layer reduced to two tensors the forward reads.
+struct Weights {
+  at::Tensor w = at::randn({8, 4});
+  at::Tensor scale = at::rand({8}) + 0.5;
+  at::Tensor forward(const at::Tensor& x) const { return at::mm(x, w.t()) * scale; }
+  std::vector<NamedTensor> named() const { return {{"w", w, true}, {"scale", scale, false}}; }
+};
+
+TEST(CapturedForward, AForwardThatReadsTheSameTensorsComparesClean) {
+  Weights m;
+  const at::Tensor x = at::randn({2, 4});
+  CapturedForward capture([&] { return m.forward(x); });
+  TensorNames names(m.named());
+  m.w.copy_(at::randn({8, 4}));  // new values in place: what a good reload does
+  trace::ReadTrace retrace;
+  m.forward(x);
+  retrace.stop();
+  EXPECT_TRUE(capture.compare(retrace, names, 1).empty());
+  std::string why;
+  auto replayed = capture.replay(&why);
+  ASSERT_TRUE(replayed.has_value()) << why;
+  EXPECT_TRUE(at::allclose(*replayed, m.forward(x))) << "the replay reads the new values";
+}
+
+TEST(CapturedForward, ARebuiltTensorIsFlaggedByAddressAndGivesAStaleReplay) {
+  Weights m;
+  const at::Tensor x = at::randn({2, 4});
+  CapturedForward capture([&] { return m.forward(x); });
+  TensorNames names(m.named());
+  m.scale = at::rand({8}) + 2.0;  // rebuilt: a new tensor
+  trace::ReadTrace retrace;
+  const at::Tensor live = m.forward(x);
+  retrace.stop();
+  const auto violations = capture.compare(retrace, names, 3);
+  EXPECT_EQ(whats(violations), (std::set<std::string>{"scale (undeclared): address",
+                                                      "scale (undeclared): storage"}));
+  EXPECT_EQ(violations[0].reload, 3);
+  EXPECT_EQ(violations[0].read, "aten::mul.Tensor arg 1 (other)");
+  std::string why;
+  auto replayed = capture.replay(&why);
+  ASSERT_TRUE(replayed.has_value()) << why;
+  EXPECT_FALSE(at::allclose(*replayed, live)) << "the capture still holds the old scale";
+}
+
+TEST(CapturedForward, ARebindingOfTheSameObjectIsStillAStaleRead) {
+  Weights m;
+  const at::Tensor x = at::randn({2, 4});
+  CapturedForward capture([&] { return m.forward(x); });
+  TensorNames names(m.named());
+  m.w.set_data(at::randn({8, 4}));  // same object, new storage
+  trace::ReadTrace retrace;
+  const at::Tensor live = m.forward(x);
+  retrace.stop();
+  EXPECT_EQ(whats(capture.compare(retrace, names, 1)).count("w: address"), 1u);
+  std::string why;
+  auto replayed = capture.replay(&why);
+  ASSERT_TRUE(replayed.has_value()) << why;
+  EXPECT_FALSE(at::allclose(*replayed, live));
+}
+
+TEST(CapturedForward, ALayoutChangeIsFlagged) {
+  Weights m;
+  m.w = at::randn({4, 8}).t();  // K-major view
+  const at::Tensor x = at::randn({2, 4});
+  CapturedForward capture([&] { return m.forward(x); });
+  TensorNames names(m.named());
+  m.w.set_(m.w.storage(), 0, {8, 4}, {4, 1});  // same bytes, other strides
+  trace::ReadTrace retrace;
+  m.forward(x);
+  retrace.stop();
+  EXPECT_EQ(whats(capture.compare(retrace, names, 1)).count("w: layout"), 1u);
+}
+
+TEST(CapturedForward, AChangedOpSequenceIsFlaggedOnce) {
+  Weights m;
+  const at::Tensor x = at::randn({2, 4});
+  CapturedForward capture([&] { return m.forward(x); });
+  TensorNames names(m.named());
+  trace::ReadTrace retrace;
+  at::relu(m.forward(x));
+  retrace.stop();
+  const auto violations = capture.compare(retrace, names, 1);
+  ASSERT_EQ(violations.size(), 1u);
+  EXPECT_EQ(violations[0].tensor, "op sequence");
+  EXPECT_EQ(violations[0].what, "length changed");
+}
+
+TEST(CapturedForward, RandomOpsAreNotReplayedAndSaySo) {
+  const at::Tensor w = at::randn({8});
+  CapturedForward capture([&] { return at::dropout(w, 0.5, /*train=*/true); });
+  std::string why;
+  EXPECT_FALSE(capture.replay(&why).has_value());
+  EXPECT_NE(why.find("random"), std::string::npos) << why;
+}
+
+TEST(CapturedForward, AForwardThatThrowsLeavesNothingRecording) {
+  EXPECT_THROW(CapturedForward([]() -> at::Tensor { throw std::runtime_error("boom"); }),
+               std::runtime_error);
+  EXPECT_FALSE(c10::impl::tls_is_dispatch_key_included(trace::kTraceKey));
+}
+
+TEST(TensorNames, LabelsWholeTensorsViewsUndeclaredAndUnknownReads) {
+  const at::Tensor w = at::randn({4, 4});
+  const at::Tensor s = at::randn({4});
+  const at::Tensor other = at::randn({4});
+  TensorNames names({{"w", w, true}, {"s", s, false}});
+  trace::ReadTrace trace;
+  at::neg(w);
+  at::neg(w.t());
+  at::neg(s);
+  at::neg(other);
+  trace.stop();
+  std::vector<std::string> labels;
+  for (const auto& op : trace.ops()) {
+    if (op.depth == 0 && op.name == "aten::neg") labels.push_back(names.label(op.reads[0]));
+  }
+  EXPECT_EQ(labels, (std::vector<std::string>{"w", "w (view)", "s (undeclared)",
+                                              "undeclared tensor"}));
+}
+
+}  // namespace
+}  // namespace reloadsafe::harness
