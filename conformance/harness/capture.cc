@@ -117,7 +117,8 @@ std::vector<Violation> CapturedForward::compare(const trace::ReadTrace& retrace,
         continue;
       }
       if (ra.data_ptr != rb.data_ptr) {
-        out.push_back(Violation{reload, label, "address", hex(ra.data_ptr), hex(rb.data_ptr), where});
+        out.push_back(
+            Violation{reload, label, "address", hex(ra.data_ptr), hex(rb.data_ptr), where});
       }
       if (ra.storage != rb.storage) {
         out.push_back(Violation{reload, label, "storage", hex(ra.storage), hex(rb.storage), where});
@@ -170,7 +171,8 @@ std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
     }
     if (v.isList() && v.toListRef().size() > 0) {
       c10::impl::GenericList list(v.toList().elementType());
-      for (const c10::IValue& e : v.toListRef()) list.push_back(e.isTensor() ? c10::IValue(map(e.toTensor())) : e);
+      for (const c10::IValue& e : v.toListRef())
+        list.push_back(e.isTensor() ? c10::IValue(map(e.toTensor())) : e);
       return list;
     }
     return v;

@@ -48,8 +48,8 @@ TEST(CapturedForward, ARebuiltTensorIsFlaggedByAddressAndGivesAStaleReplay) {
   const at::Tensor live = m.forward(x);
   retrace.stop();
   const auto violations = capture.compare(retrace, names, 3);
-  EXPECT_EQ(whats(violations), (std::set<std::string>{"scale (undeclared): address",
-                                                      "scale (undeclared): storage"}));
+  EXPECT_EQ(whats(violations),
+            (std::set<std::string>{"scale (undeclared): address", "scale (undeclared): storage"}));
   EXPECT_EQ(violations[0].reload, 3);
   EXPECT_EQ(violations[0].read, "aten::mul.Tensor arg 1 (other)");
   std::string why;
@@ -130,8 +130,8 @@ TEST(TensorNames, LabelsWholeTensorsViewsUndeclaredAndUnknownReads) {
   for (const auto& op : trace.ops()) {
     if (op.depth == 0 && op.name == "aten::neg") labels.push_back(names.label(op.reads[0]));
   }
-  EXPECT_EQ(labels, (std::vector<std::string>{"w", "w (view)", "s (undeclared)",
-                                              "undeclared tensor"}));
+  EXPECT_EQ(labels,
+            (std::vector<std::string>{"w", "w (view)", "s (undeclared)", "undeclared tensor"}));
 }
 
 }  // namespace

@@ -154,7 +154,9 @@ at::Tensor BackendSubject::fresh_forward(const Checkpoint& ckpt, const at::Tenso
   return session().cold_forward(ckpt, x);
 }
 
-std::vector<NamedTensor> BackendSubject::named_tensors() { return session().named_tensors(); }
+std::vector<NamedTensor> BackendSubject::named_tensors() {
+  return session().named_tensors();
+}
 
 at::Tensor BackendSubject::make_input(uint64_t seed) {
   at::Generator gen = at::detail::createCPUGenerator(seed);

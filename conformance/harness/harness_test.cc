@@ -44,7 +44,8 @@ const std::map<std::string, std::vector<std::string>>& expected_flags() {
   static const auto* flags = new std::map<std::string, std::vector<std::string>>{
       {"neg_fresh_copy", {"weight", "aten::t arg 0 (self)", "replay"}},
       {"neg_realloc_derived", {"W_UK", "aten::mm arg 1 (mat2)", "replay"}},
-      {"neg_undeclared_scale", {"col_scale (undeclared)", "aten::div.Tensor arg 1 (other)", "replay"}},
+      {"neg_undeclared_scale",
+       {"col_scale (undeclared)", "aten::div.Tensor arg 1 (other)", "replay"}},
       {"neg_held_outside", {"undeclared tensor", "aten::mm arg 1 (mat2)", "replay"}},
       {"neg_leak", {"memory"}},
       // Permuting x and w alike gives the same product: a stale index still

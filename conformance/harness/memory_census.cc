@@ -109,8 +109,7 @@ std::optional<int64_t> live_tensor_bytes(const c10::Device& device) {
       auto* allocator = c10::getDeviceAllocator(c10::DeviceType::CUDA);
       if (!allocator->initialized()) return std::nullopt;
       const auto stats = allocator->getDeviceStats(device.has_index() ? device.index() : 0);
-      return stats
-          .allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+      return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
           .current;
     } catch (const c10::Error&) {
       return std::nullopt;  // no CUDA allocator in this process

@@ -97,7 +97,8 @@ void compare_records(const Records& before, const Records& after, int reload, Vi
       continue;
     }
     const TensorRecord& a = it->second;
-    if (a.data_ptr != b.data_ptr) sink.add(reload, name, "address", hex(b.data_ptr), hex(a.data_ptr));
+    if (a.data_ptr != b.data_ptr)
+      sink.add(reload, name, "address", hex(b.data_ptr), hex(a.data_ptr));
     if (a.storage != b.storage) sink.add(reload, name, "storage", hex(b.storage), hex(a.storage));
     if (a.storage == b.storage &&
         (a.storage_ptr != b.storage_ptr || a.storage_nbytes != b.storage_nbytes)) {
@@ -219,7 +220,8 @@ ModeReport run_mode(ReloadSubject& subject, ReloadMode mode, const RunOptions& o
         trace::ReadTrace retrace;
         out = subject.forward(x);
         retrace.stop();
-        for (Violation& v : capture.forward->compare(retrace, *capture.names, r)) sink.add(std::move(v));
+        for (Violation& v : capture.forward->compare(retrace, *capture.names, r))
+          sink.add(std::move(v));
       } else {
         out = subject.forward(x);
       }
@@ -247,12 +249,12 @@ ModeReport run_mode(ReloadSubject& subject, ReloadMode mode, const RunOptions& o
       const int64_t first = report.memory_bytes[1];
       const int64_t last = report.memory_bytes.back();
       if (last - first > subject.memory_tolerance_bytes()) {
-        sink.add(Violation{options.reloads, "memory",
-                           "grew by " + std::to_string(last - first) + " bytes over " +
-                               std::to_string(options.reloads - 1) + " reloads",
-                           std::to_string(first) + " B after reload 1",
-                           std::to_string(last) + " B after reload " + std::to_string(options.reloads),
-                           ""});
+        sink.add(Violation{
+            options.reloads, "memory",
+            "grew by " + std::to_string(last - first) + " bytes over " +
+                std::to_string(options.reloads - 1) + " reloads",
+            std::to_string(first) + " B after reload 1",
+            std::to_string(last) + " B after reload " + std::to_string(options.reloads), ""});
       }
     }
   } catch (const std::exception& e) {
@@ -388,8 +390,8 @@ std::string to_table(const std::vector<BackendReport>& reports) {
       }
       for (size_t i = 0; i < m.warnings.size() && i < 3; ++i) {
         const Warning& w = m.warnings[i];
-        os << tag << "warning: " << (w.read.empty() ? "" : w.read + " ") << "(" << w.tensor
-           << ") " << w.message << "\n";
+        os << tag << "warning: " << (w.read.empty() ? "" : w.read + " ") << "(" << w.tensor << ") "
+           << w.message << "\n";
       }
     }
   }

@@ -51,7 +51,8 @@ c10::IValue ReadTrace::hold_as_captured(const c10::IValue& v) const {
   if (v.isList() && v.toListRef().size() > 0) {
     // Tensor?[]: the same, element by element.
     c10::impl::GenericList held(v.toList().elementType());
-    for (const c10::IValue& e : v.toListRef()) held.push_back(e.isTensor() ? c10::IValue(snapshot(e.toTensor())) : e);
+    for (const c10::IValue& e : v.toListRef())
+      held.push_back(e.isTensor() ? c10::IValue(snapshot(e.toTensor())) : e);
     return held;
   }
   return v;
@@ -92,8 +93,9 @@ ReadTrace::~ReadTrace() {
   if (active_ && std::this_thread::get_id() != owner_) {
     // Destructors must not throw; the thread-local state of the owner cannot
     // be repaired from here.
-    TORCH_WARN("reloadsafe::trace::ReadTrace destroyed on another thread than the one that "
-               "started it; call stop() on the owning thread");
+    TORCH_WARN(
+        "reloadsafe::trace::ReadTrace destroyed on another thread than the one that "
+        "started it; call stop() on the owning thread");
     return;
   }
   stop();
@@ -169,8 +171,9 @@ TensorRead ReadTrace::read_of(const at::Tensor& t, int arg, int element,
   }
   auto it = seen_.find(impl);
   if (it == seen_.end()) {
-    it = seen_.emplace(impl, Seen{existed_before(r), c10::weak_intrusive_ptr<c10::StorageImpl>(
-                                                         storage.getWeakStorageImpl())})
+    it = seen_
+             .emplace(impl, Seen{existed_before(r), c10::weak_intrusive_ptr<c10::StorageImpl>(
+                                                        storage.getWeakStorageImpl())})
              .first;
     if (it->second.external && depth_ > 0 && !r.device.is_cpu()) pending_.push_back(impl);
   }
@@ -198,8 +201,9 @@ void ReadTrace::note_result(const at::Tensor& t) {
   if (!t.defined() || !t.has_storage()) return;
   const c10::Storage& storage = t.storage();
   // First seen as a result: made inside the scope.
-  seen_.emplace(storage.unsafeGetStorageImpl(),
-                Seen{false, c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl())});
+  seen_.emplace(
+      storage.unsafeGetStorageImpl(),
+      Seen{false, c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl())});
 }
 
 void ReadTrace::on_call(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
@@ -237,7 +241,8 @@ void ReadTrace::on_call(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
   std::vector<c10::IValue> held_inputs;
   if (hold) {
     held_inputs.reserve(num_args);
-    for (size_t i = first; i < stack->size(); ++i) held_inputs.push_back(hold_as_captured((*stack)[i]));
+    for (size_t i = first; i < stack->size(); ++i)
+      held_inputs.push_back(hold_as_captured((*stack)[i]));
   }
   const size_t first_op = ops_.size();
   ops_.push_back(std::move(call));

@@ -16,8 +16,8 @@
 // storage, so a view of an external tensor is external; a tensor made inside
 // the scope (and every view of it) is internal. How "existed before" is
 // decided: see Note [Inside or before the scope] in read_trace.cc (on the
-// CPU the trace installs the allocation census of memory_census.h). Storage identity is kept alive (weakly) for the trace's lifetime,
-// so two storages seen by one trace never share an identity.
+// CPU the trace installs the allocation census of memory_census.h). Storage identity is kept alive
+// (weakly) for the trace's lifetime, so two storages seen by one trace never share an identity.
 //
 // Note [Why a mode-key fallback and not RecordFunction]
 // LibTorch offers two observation points. RecordFunction callbacks with
@@ -84,11 +84,11 @@ constexpr c10::DispatchKey kTraceKey = c10::DispatchKey::TESTING_ONLY_GenericMod
 
 /// One tensor argument of one op, as the op received it.
 struct TensorRead {
-  int arg = 0;            ///< index of the argument in the op's schema
-  int element = -1;       ///< index in a Tensor[] argument; -1 for a single tensor
-  std::string arg_name;   ///< the schema's name for the argument ("self", "mat2")
-  bool written = false;   ///< the schema says the op writes it (in-place, out=)
-  bool external = false;  ///< see the invariant at the top of this file
+  int arg = 0;              ///< index of the argument in the op's schema
+  int element = -1;         ///< index in a Tensor[] argument; -1 for a single tensor
+  std::string arg_name;     ///< the schema's name for the argument ("self", "mat2")
+  bool written = false;     ///< the schema says the op writes it (in-place, out=)
+  bool external = false;    ///< see the invariant at the top of this file
   bool has_storage = true;  ///< false for tensors without storage (sparse, nested)
   /// The storage's identity, for comparison only: never dereferenced.
   const void* storage = nullptr;

@@ -18,21 +18,21 @@ namespace {
 
 // One step of a chain: an op applied to the accumulator and weight `w`.
 enum class Step {
-  kAdd,          // acc + w
-  kMulView,      // acc * w.t().t()      (a view of w)
-  kInPlace,      // acc.add_(w)
-  kCat,          // cat({acc, w}).narrow(0, 0, rows)  (tensor list)
-  kLinear,       // linear(acc, w_square) as a composite over a square view
-  kNarrowSum,    // acc + w.narrow(1, 0, 1)  (broadcast view at an offset)
-  kWhere,        // where(w > 0, acc, w)
-  kWriteWeight,  // w.mul_(1.0): the chain writes into a weight
-  kInternalOnly, // acc = acc.relu(): no weight read
+  kAdd,           // acc + w
+  kMulView,       // acc * w.t().t()      (a view of w)
+  kInPlace,       // acc.add_(w)
+  kCat,           // cat({acc, w}).narrow(0, 0, rows)  (tensor list)
+  kLinear,        // linear(acc, w_square) as a composite over a square view
+  kNarrowSum,     // acc + w.narrow(1, 0, 1)  (broadcast view at an offset)
+  kWhere,         // where(w > 0, acc, w)
+  kWriteWeight,   // w.mul_(1.0): the chain writes into a weight
+  kInternalOnly,  // acc = acc.relu(): no weight read
 };
 constexpr int kSteps = 9;
 
 const char* name(Step s) {
-  static const char* names[] = {"add", "mul_view", "in_place", "cat", "linear",
-                                "narrow_sum", "where", "write_weight", "internal_only"};
+  static const char* names[] = {"add",        "mul_view", "in_place",     "cat",          "linear",
+                                "narrow_sum", "where",    "write_weight", "internal_only"};
   return names[static_cast<int>(s)];
 }
 
@@ -48,8 +48,12 @@ std::ostream& operator<<(std::ostream& os, const Chain& c) {
   return os;
 }
 
-uintptr_t id(const void* storage) { return reinterpret_cast<uintptr_t>(storage); }
-uintptr_t id(const at::Tensor& t) { return id(t.storage().unsafeGetStorageImpl()); }
+uintptr_t id(const void* storage) {
+  return reinterpret_cast<uintptr_t>(storage);
+}
+uintptr_t id(const at::Tensor& t) {
+  return id(t.storage().unsafeGetStorageImpl());
+}
 
 rc::Gen<Chain> gen_chain() {
   return rc::gen::exec([] {
@@ -83,18 +87,41 @@ RC_GTEST_PROP(ReadTraceProps, ExternalReadsAreExactlyTheWeightsTheChainReads, ()
     at::Tensor& w = weights[static_cast<size_t>(i)];
     const uintptr_t ws = id(w);
     switch (step) {
-      case Step::kAdd: acc = acc + w; read.insert(ws); break;
-      case Step::kMulView: acc = acc * w.t().t(); read.insert(ws); break;
-      case Step::kInPlace: acc.add_(w); read.insert(ws); break;
-      case Step::kCat: acc = at::cat({acc, w}).narrow(0, 0, c.rows); read.insert(ws); break;
+      case Step::kAdd:
+        acc = acc + w;
+        read.insert(ws);
+        break;
+      case Step::kMulView:
+        acc = acc * w.t().t();
+        read.insert(ws);
+        break;
+      case Step::kInPlace:
+        acc.add_(w);
+        read.insert(ws);
+        break;
+      case Step::kCat:
+        acc = at::cat({acc, w}).narrow(0, 0, c.rows);
+        read.insert(ws);
+        break;
       case Step::kLinear:
         acc = at::linear(acc, square);
         read.insert(id(square));
         break;
-      case Step::kNarrowSum: acc = acc + w.narrow(1, c.cols - 1, 1); read.insert(ws); break;
-      case Step::kWhere: acc = at::where(w > 0, acc, w); read.insert(ws); break;
-      case Step::kWriteWeight: w.mul_(1.0); read.insert(ws); break;
-      case Step::kInternalOnly: acc = acc.relu(); break;
+      case Step::kNarrowSum:
+        acc = acc + w.narrow(1, c.cols - 1, 1);
+        read.insert(ws);
+        break;
+      case Step::kWhere:
+        acc = at::where(w > 0, acc, w);
+        read.insert(ws);
+        break;
+      case Step::kWriteWeight:
+        w.mul_(1.0);
+        read.insert(ws);
+        break;
+      case Step::kInternalOnly:
+        acc = acc.relu();
+        break;
     }
   }
   trace.stop();

@@ -1,8 +1,8 @@
 #include "conformance/harness/read_trace.h"
 
 #include <ATen/ATen.h>
-#include <ATen/ScalarOps.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/ScalarOps.h>
 #include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <gtest/gtest.h>
@@ -15,7 +15,9 @@
 namespace reloadsafe::trace {
 namespace {
 
-const void* storage_of(const at::Tensor& t) { return t.storage().unsafeGetStorageImpl(); }
+const void* storage_of(const at::Tensor& t) {
+  return t.storage().unsafeGetStorageImpl();
+}
 
 // The reads of every op named `name` (with overload), in order.
 std::vector<TensorRead> reads_of(const ReadTrace& trace, const std::string& name) {
@@ -116,9 +118,13 @@ at::Tensor& held_scale() {
   static at::Tensor scale = at::full({8}, 2.0);
   return scale;
 }
-at::Tensor scale_by_held(const at::Tensor& x) { return x * held_scale(); }
+at::Tensor scale_by_held(const at::Tensor& x) {
+  return x * held_scale();
+}
 
-TORCH_LIBRARY(reloadsafe_trace_test, m) { m.def("scale_by_held(Tensor x) -> Tensor"); }
+TORCH_LIBRARY(reloadsafe_trace_test, m) {
+  m.def("scale_by_held(Tensor x) -> Tensor");
+}
 TORCH_LIBRARY_IMPL(reloadsafe_trace_test, CompositeImplicitAutograd, m) {
   m.impl("scale_by_held", &scale_by_held);
 }

@@ -17,25 +17,24 @@ namespace {
 enum class How { kUntraced, kTraced, kCaptured };
 
 void register_forward(const std::shared_ptr<Backend>& backend, How how, const char* label) {
-  benchmark::RegisterBenchmark(
-      ("BM_Forward/" + backend->name() + "/" + label).c_str(),
-      [backend, how](benchmark::State& state) {
-        BackendSubject subject(*backend, c10::kCPU);
-        subject.cold_load(subject.make_checkpoint(1));
-        const at::Tensor x = subject.make_input(2);
-        for (auto _ : state) {
-          if (how == How::kUntraced) {
-            benchmark::DoNotOptimize(subject.forward(x));
-          } else if (how == How::kTraced) {
-            trace::ReadTrace trace;
-            benchmark::DoNotOptimize(subject.forward(x));
-            trace.stop();
-          } else {
-            CapturedForward capture([&] { return subject.forward(x); });
-            benchmark::DoNotOptimize(capture.output());
-          }
-        }
-      });
+  benchmark::RegisterBenchmark(("BM_Forward/" + backend->name() + "/" + label).c_str(),
+                               [backend, how](benchmark::State& state) {
+                                 BackendSubject subject(*backend, c10::kCPU);
+                                 subject.cold_load(subject.make_checkpoint(1));
+                                 const at::Tensor x = subject.make_input(2);
+                                 for (auto _ : state) {
+                                   if (how == How::kUntraced) {
+                                     benchmark::DoNotOptimize(subject.forward(x));
+                                   } else if (how == How::kTraced) {
+                                     trace::ReadTrace trace;
+                                     benchmark::DoNotOptimize(subject.forward(x));
+                                     trace.stop();
+                                   } else {
+                                     CapturedForward capture([&] { return subject.forward(x); });
+                                     benchmark::DoNotOptimize(capture.output());
+                                   }
+                                 }
+                               });
 }
 
 void register_harness(const std::shared_ptr<Backend>& backend, bool trace) {
