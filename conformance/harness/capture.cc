@@ -20,6 +20,11 @@ constexpr const char* kRandomOps[] = {"rand",        "normal",   "bernoulli",   
                                       "multinomial", "uniform_", "exponential_", "geometric_",
                                       "cauchy_",     "random_"};
 
+bool same_layout(const trace::TensorRead& a, const trace::TensorRead& b) {
+  return a.sizes == b.sizes && a.strides == b.strides && a.storage_offset == b.storage_offset &&
+         a.dtype == b.dtype && a.device == b.device;
+}
+
 bool is_random(const std::string& op) {
   return std::any_of(std::begin(kRandomOps), std::end(kRandomOps),
                      [&](const char* s) { return op.find(s) != std::string::npos; });
@@ -108,6 +113,10 @@ std::vector<Violation> CapturedForward::compare(const trace::ReadTrace& retrace,
       const trace::TensorRead& ra = a.reads[j];
       const trace::TensorRead& rb = b.reads[j];
       if (!ra.external) continue;  // made by the forward: the graph's own memory
+      const bool moved = !rb.external || ra.data_ptr != rb.data_ptr || ra.storage != rb.storage ||
+                         ra.storage_data != rb.storage_data ||
+                         ra.storage_nbytes != rb.storage_nbytes || !same_layout(ra, rb);
+      if (!moved) continue;  // the common case: no strings built
       const std::string label = names.label(ra);
       const std::string where = ra.where(a.name);
       if (!rb.external) {
@@ -128,7 +137,7 @@ std::vector<Violation> CapturedForward::compare(const trace::ReadTrace& retrace,
             hex(ra.storage_data) + " " + std::to_string(ra.storage_nbytes) + " B",
             hex(rb.storage_data) + " " + std::to_string(rb.storage_nbytes) + " B", where});
       }
-      if (ra.layout() != rb.layout()) {
+      if (!same_layout(ra, rb)) {
         out.push_back(Violation{reload, label, "layout", ra.layout(), rb.layout(), where});
       }
     }

@@ -15,6 +15,21 @@ namespace {
 // The trace recording on this thread, if any.
 thread_local ReadTrace* tls_active = nullptr;
 
+// "aten::add.Tensor", built once per schema and thread. A schema freed with
+// its library can leave its address to another, so a hit is checked.
+const std::string& op_name(const c10::FunctionSchema& schema) {
+  thread_local std::unordered_map<const c10::FunctionSchema*, std::string> names;
+  const std::string& name = schema.name();
+  const std::string& overload = schema.overload_name();
+  std::string& cached = names[&schema];
+  const size_t size = name.size() + (overload.empty() ? 0 : overload.size() + 1);
+  if (cached.size() != size || cached.compare(0, name.size(), name) != 0 ||
+      (!overload.empty() && cached.compare(name.size() + 1, overload.size(), overload) != 0)) {
+    cached = overload.empty() ? name : name + "." + overload;
+  }
+  return cached;
+}
+
 void trace_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                     torch::jit::Stack* stack) {
   ReadTrace* trace = tls_active;
@@ -214,9 +229,9 @@ void ReadTrace::on_call(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
   const size_t first = stack->size() - num_args;
 
   OpCall call;
-  call.name = schema.name();
-  if (!schema.overload_name().empty()) call.name += "." + schema.overload_name();
+  call.name = op_name(schema);
   call.depth = depth_;
+  call.reads.reserve(num_args);
   for (size_t i = 0; i < num_args; ++i) {
     const c10::IValue& v = (*stack)[first + i];
     const c10::Argument& a = schema.arguments()[i];
