@@ -3,8 +3,17 @@
 Where LibTorch comes from, first match wins:
   1. RELOADSAFE_LIBTORCH: an unpacked LibTorch distribution, or the `torch`
      folder of a Python installation (both have include/ and lib/).
-  2. The per-machine cache that tools/setup.sh fills:
-     ${RELOADSAFE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/reloadsafe}/libtorch-<version>.
+  2. The `torch` package of the Python environment that tools/setup.sh creates
+     in the per-machine cache:
+     ${RELOADSAFE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/reloadsafe}/venv/lib/python3.*/site-packages/torch.
+     One torch for both sides: the Python extension (//python) and the C++
+     binaries load the very libraries `import torch` loads.
+
+Run-time library search: a torch package's own libraries carry an RPATH into
+the sibling `nvidia/*/lib` folders (the CUDA runtime, cuDNN, NCCL, ... from the
+nvidia-* packages). Binaries built here get an RPATH to torch/lib and to those
+same folders (and to a CUDA Toolkit's, if any), and the link resolves the
+libraries LibTorch needs through them (-rpath-link).
 
 The rule declares the variables it reads, so Bazel reruns it when they change.
 
@@ -39,9 +48,27 @@ def _read_version(rctx, root):
                     return line.split("=")[1].strip().strip("'\"")
     return "unknown"
 
-def _runtime_lib_dirs(rctx, env, cache):
+def _venv_torch(rctx, cache):
+    """The torch package folder of $CACHE/venv, or the path it would have."""
+    lib = rctx.path(cache + "/venv/lib")
+    if lib.exists:
+        for d in sorted([str(p) for p in lib.readdir()]):
+            if d.split("/")[-1].startswith("python3"):
+                candidate = d + "/site-packages/torch"
+                if rctx.path(candidate).exists:
+                    return candidate
+    return cache + "/venv/lib/python3/site-packages/torch"
+
+def _runtime_lib_dirs(rctx, env, root):
     """Folders holding the CUDA runtime that a CUDA build of LibTorch needs
-    even for CPU work (libtorch_cpu links libcudart and libcupti)."""
+    even for CPU work (libtorch_cpu links libcudart and libcupti): first the
+    nvidia-* packages beside a torch package, then a CUDA Toolkit's."""
+    found = []
+    nvidia = rctx.path(root + "/../nvidia")
+    if nvidia.exists:
+        for pkg in sorted([str(p) for p in nvidia.readdir()]):
+            if rctx.path(pkg + "/lib").exists:
+                found.append(str(rctx.path(pkg + "/lib").realpath))
     candidates = []
     for var in ["CUDA_HOME", "CUDA_PATH"]:
         if env.get(var):
@@ -50,15 +77,10 @@ def _runtime_lib_dirs(rctx, env, cache):
         "/usr/local/cuda/lib64",
         "/usr/local/cuda/extras/CUPTI/lib64",
     ]
-    found = []
     for d in candidates:
         p = rctx.path(d)
         if p.exists and d not in found:
             found.append(d)
-
-    # tools/setup.sh fills this one; list it even before it exists.
-    if cache + "/cuda-runtime/lib" not in found:
-        found.append(cache + "/cuda-runtime/lib")
     return found
 
 def _libtorch_impl(rctx):
@@ -68,24 +90,25 @@ def _libtorch_impl(rctx):
     root = env.get("RELOADSAFE_LIBTORCH", "")
     source = "RELOADSAFE_LIBTORCH"
     if not root:
-        root = cache + "/libtorch-" + version
-        source = "the reloadsafe cache"
+        root = _venv_torch(rctx, cache)
+        source = "the Python environment of the reloadsafe cache"
     for sub in ["include", "lib"]:
         if not rctx.path(root + "/" + sub).exists:
             fail(("LibTorch not found at %s (from %s): %s/ is missing. Run tools/setup.sh " +
-                  "to install the pinned LibTorch %s, or set RELOADSAFE_LIBTORCH to an " +
+                  "to install torch %s in its Python environment, or set RELOADSAFE_LIBTORCH to an " +
                   "unpacked LibTorch or a torch package folder.") % (root, source, sub, version))
     rctx.symlink(root + "/include", "include")
     rctx.symlink(root + "/lib", "lib")
     found_version = _read_version(rctx, root)
     if source != "RELOADSAFE_LIBTORCH" and not found_version.startswith(version):
-        fail("The cached LibTorch at %s is %s, not the pinned %s: rerun tools/setup.sh." %
+        fail("The torch package at %s is %s, not the pinned %s: rerun tools/setup.sh." %
              (root, found_version, version))
 
-    runtime_dirs = _runtime_lib_dirs(rctx, env, cache)
+    runtime_dirs = _runtime_lib_dirs(rctx, env, root)
     lib = str(rctx.path("lib").realpath)
     # DT_RPATH rather than DT_RUNPATH: it also applies to the libraries that
-    # LibTorch's own libraries load (cuDNN, NCCL, cuSPARSELt, ...).
+    # LibTorch's own libraries load (cuDNN, NCCL, cuSPARSELt, ...). torch/lib
+    # first, so the libraries `import torch` loads are the ones found.
     rpaths = ["-Wl,--disable-new-dtags", "-Wl,-rpath," + lib]
     for d in runtime_dirs:
         rpaths += ["-Wl,-rpath," + d, "-Wl,-rpath-link," + d]
