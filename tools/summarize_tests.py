@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """Summarises Bazel test results from the gtest XML files under bazel-testlogs.
 
-  tools/summarize_tests.py [--json OUT] [--markdown OUT] TESTLOGS_DIR [PACKAGE ...]
+  tools/summarize_tests.py [--json OUT] [--markdown OUT] [--pytest-xml AREA=FILE ...]
+                           TESTLOGS_DIR [PACKAGE ...]
+
+--pytest-xml adds the cases of a pytest --junitxml file as area AREA (a
+missing or unreadable file counts as one failure).
 
 Prints a table of test cases by package (passed, failed, skipped), lists every
 skipped case with its reason, and ends with the line
@@ -21,6 +25,7 @@ def main():
     ap.add_argument("packages", nargs="*")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
+    ap.add_argument("--pytest-xml", action="append", default=[], metavar="AREA=FILE")
     args = ap.parse_args()
 
     rows = collections.OrderedDict()
@@ -60,6 +65,27 @@ def main():
             row["failed" if bad else "passed"] += 1
             if bad:
                 failed.append((target, ""))
+
+    for spec in args.pytest_xml:
+        area, _, path = spec.partition("=")
+        row = rows.setdefault(area, collections.Counter())
+        try:
+            tree = ET.parse(path)
+        except (OSError, ET.ParseError):
+            row["failed"] += 1
+            failed.append((f"{area} (no readable pytest XML at {path})", ""))
+            continue
+        for case in tree.getroot().iter("testcase"):
+            name = f"{area} {case.get('classname', '')}::{case.get('name', '')}"
+            if case.find("failure") is not None or case.find("error") is not None:
+                row["failed"] += 1
+                failed.append((name, ""))
+            elif case.find("skipped") is not None:
+                row["skipped"] += 1
+                reason = (case.find("skipped").get("message") or "").strip()
+                skipped.append((name, reason.splitlines()[-1] if reason else ""))
+            else:
+                row["passed"] += 1
 
     total = collections.Counter()
     lines = ["| area | passed | failed | skipped |", "| --- | ---: | ---: | ---: |"]

@@ -10,14 +10,27 @@
 #    GPU tests included.
 # 2. `bazel test --config=gpu //...`: the GPU tests. Without a visible CUDA
 #    device they skip, and the summary lists each skip with its reason.
+# 3. The Python package's tests (python/tests) with the set-up's venv pytest,
+#    against the package Bazel builds (//python:package, on PYTHONPATH; the
+#    venv itself is not changed). Counted in the summary as area `python`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 tools/setup.sh
+VENV="${RELOADSAFE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/reloadsafe}/venv"
 status=0
 echo "[test] bazel test //... $*"
 bazel test "$@" //... || status=$?
 echo "[test] bazel test --config=gpu //... $*"
 bazel test --config=gpu "$@" //... || status=$?
-# bazel-testlogs points at the folder of the configuration just used.
-tools/summarize_tests.py "$(readlink -f bazel-testlogs)" || status=$?
+testlogs="$(readlink -f bazel-testlogs)"  # the folder of the configuration just used
+echo "[test] python: bazel build //python:package, then pytest python/tests"
+pytest_xml="$(mktemp -d)/pytest.xml"
+trap 'rm -rf "$(dirname "$pytest_xml")"' EXIT
+if bazel build //python:package; then
+  PYTHONPATH="$(bazel info bazel-bin)/python/package_site" \
+    "$VENV/bin/python" -m pytest -q -p no:cacheprovider python/tests --junitxml="$pytest_xml" || status=$?
+else
+  status=1
+fi
+tools/summarize_tests.py --pytest-xml "python=$pytest_xml" "$testlogs" || status=$?
 exit $status

@@ -47,3 +47,24 @@ cc_library(
         "@local_cuda//:cudart",
     ],
 )
+
+# What a Python extension module built against this torch needs: LibTorch's
+# copy of pybind11, torch/extension.h's tensor casters and libtorch_python.
+# The extension is loaded by a process that has imported torch already, so
+# these libraries are found by their sonames at run time.
+cc_library(
+    name = "torch_python",
+    srcs = [
+        "lib/libtorch.so",
+        "lib/libtorch_python.so",
+    ],
+    hdrs = glob([
+        "include/pybind11/**",
+        "include/torch/csrc/api/include/torch/python.h",
+    ]),
+    linkopts = ["-Wl,--allow-shlib-undefined"],
+    deps = [
+        ":torch_cpu",
+        "@local_python//:headers",
+    ],
+)

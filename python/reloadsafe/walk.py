@@ -1,0 +1,236 @@
+"""Every tensor reachable from a ``torch.nn.Module``, with a dotted name.
+
+A captured CUDA graph reads every tensor the forward reads, wherever the layer
+keeps it: parameters and buffers, but also plain tensor attributes, tensors in
+lists and dicts, the arguments of a ``functools.partial`` that wraps a kernel,
+the closure cells of a lambda, and the attributes of a kernel object. A reload
+that rebuilds any of them moves an address the graph holds. ``named_tensors``
+finds them all and names each the way you would reach it in Python::
+
+    weight                               a parameter
+    layer.scale                          a tensor attribute of submodule `layer`
+    layer.cache[0]                       an element of a list or tuple attribute
+    layer.tables['perm']                 a value of a dict attribute
+    layer.kernel.keywords['scale']       a keyword argument of a functools.partial
+    layer.kernel.args[1]                 a positional argument of a functools.partial
+    layer.fn.__closure__[0]              a closure cell of a function, lambda or bound method
+    layer.fn.__defaults__[0]             a default argument value
+    layer.cfg.workspace                  an attribute of a plain object
+    layer.fn.__self__.workspace          an attribute of a bound method's object
+
+The walk is cycle-safe (each object is entered once) and depth-limited
+(``max_depth`` hops below a module attribute; submodules do not count). It
+does not follow a function's globals, classes, Python modules, or objects
+without a ``__dict__``/``__slots__`` (C extension objects such as torch ops),
+so a tensor kept only there is not found here; the read trace still sees it
+when the forward reads it.
+"""
+from __future__ import annotations
+
+import functools
+import types
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
+
+import torch
+
+__all__ = ["NamedTensor", "named_tensors"]
+
+#: Default for ``named_tensors(max_depth=...)``.
+DEFAULT_MAX_DEPTH = 8
+
+
+@dataclass(frozen=True)
+class NamedTensor:
+    """One tensor reachable from a module.
+
+    ``kind`` says how it is held: ``"parameter"``, ``"buffer"`` (both
+    ``declared``), ``"attribute"`` (a plain tensor attribute of a module),
+    ``"container"`` (inside a list, tuple, set or dict), ``"partial"`` (an
+    argument of a ``functools.partial``), ``"closure"`` (a closure cell or
+    default of a function) or ``"object"`` (an attribute of a plain object).
+    """
+
+    name: str
+    tensor: torch.Tensor
+    kind: str
+
+    @property
+    def declared(self) -> bool:
+        """Whether the module declares it: a parameter or a buffer."""
+        return self.kind in ("parameter", "buffer")
+
+
+# Objects whose insides are never walked: they hold no per-layer tensors, and
+# walking them would wander into the interpreter or torch's internals.
+_OPAQUE = (
+    type,
+    types.ModuleType,
+    types.BuiltinFunctionType,
+    types.BuiltinMethodType,
+    types.CodeType,
+    types.FrameType,
+    types.GeneratorType,
+    str,
+    bytes,
+    bytearray,
+    int,
+    float,
+    complex,
+    bool,
+    type(None),
+    torch.dtype,
+    torch.device,
+    torch.Size,
+    torch.layout,
+    torch.memory_format,
+    torch.Generator,
+)
+
+
+def _is_opaque(obj: Any) -> bool:
+    if isinstance(obj, _OPAQUE):
+        return True
+    # torch.ops packets and overloads, torch.library objects, etc.: C++-backed
+    # objects whose attributes lead into torch itself.
+    module = getattr(type(obj), "__module__", "") or ""
+    return module.startswith(("torch._ops", "torch._C", "torch.library", "torch._library"))
+
+
+def _key(k: Any) -> str:
+    if isinstance(k, (str, int, bool, float)) or k is None:
+        return f"[{k!r}]"
+    return f"[{type(k).__name__}@{id(k):#x}]"
+
+
+class _Walker:
+    def __init__(self, max_depth: int) -> None:
+        self.max_depth = max_depth
+        self.seen_tensors: Set[int] = set()
+        self.entered: Set[int] = set()
+        self.out: List[NamedTensor] = []
+
+    def add(self, name: str, t: torch.Tensor, kind: str) -> None:
+        if id(t) in self.seen_tensors:
+            return
+        self.seen_tensors.add(id(t))
+        self.out.append(NamedTensor(name, t, kind))
+
+    def module(self, prefix: str, m: torch.nn.Module) -> None:
+        """Parameters and buffers of the whole tree first (so a tensor that is
+        also referenced elsewhere keeps its declared name), then every other
+        attribute of every module."""
+        if id(m) in self.entered:
+            return
+        mods = [(n, sub) for n, sub in m.named_modules(prefix=prefix, remove_duplicate=True)]
+        for n, sub in mods:
+            self.entered.add(id(sub))
+        for n, sub in mods:
+            for pn, p in sub._parameters.items():
+                if p is not None:
+                    self.add(_join(n, pn), p, "parameter")
+            for bn, b in sub._buffers.items():
+                if b is not None:
+                    self.add(_join(n, bn), b, "buffer")
+        for n, sub in mods:
+            for an, value in vars(sub).items():
+                if an in ("_parameters", "_buffers", "_modules"):
+                    continue
+                self.value(_join(n, an), value, 0, "attribute")
+
+    def value(self, name: str, obj: Any, depth: int, kind: str) -> None:
+        if isinstance(obj, torch.Tensor):
+            self.add(name, obj, kind)
+            return
+        if isinstance(obj, torch.nn.Module):
+            self.module(name, obj)  # a module held outside _modules
+            return
+        if _is_opaque(obj) or depth >= self.max_depth or id(obj) in self.entered:
+            return
+        self.entered.add(id(obj))
+        d = depth + 1
+        if isinstance(obj, dict) or isinstance(obj, types.MappingProxyType):
+            for k, v in list(obj.items()):
+                self.value(name + _key(k), v, d, "container")
+        elif isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
+            for f in obj._fields:
+                self.value(f"{name}.{f}", getattr(obj, f), d, "container")
+        elif isinstance(obj, (list, tuple)):
+            for i, v in enumerate(obj):
+                self.value(f"{name}[{i}]", v, d, "container")
+        elif isinstance(obj, (set, frozenset)):
+            for v in obj:
+                if isinstance(v, torch.Tensor):
+                    self.value(f"{name}{{{id(v):#x}}}", v, d, "container")
+        elif isinstance(obj, functools.partial):
+            self.value(f"{name}.func", obj.func, d, "partial")
+            for i, v in enumerate(obj.args):
+                self.value(f"{name}.args[{i}]", v, d, "partial")
+            for k, v in (obj.keywords or {}).items():
+                self.value(f"{name}.keywords[{k!r}]", v, d, "partial")
+            self.attributes(name, obj, d)
+        elif isinstance(obj, types.MethodType):
+            self.function(name, obj.__func__, d)
+            self.value(f"{name}.__self__", obj.__self__, d, "object")
+        elif isinstance(obj, types.FunctionType):
+            self.function(name, obj, d)
+        else:
+            self.attributes(name, obj, d)
+
+    def function(self, name: str, fn: types.FunctionType, depth: int) -> None:
+        # A bound method forwards these attributes to its function, so
+        # `layer.fn.__closure__[0]` names the cell for both.
+        for i, cell in enumerate(fn.__closure__ or ()):
+            try:
+                contents = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            self.value(f"{name}.__closure__[{i}]", contents, depth, "closure")
+        for i, v in enumerate(fn.__defaults__ or ()):
+            self.value(f"{name}.__defaults__[{i}]", v, depth, "closure")
+        for k, v in (fn.__kwdefaults__ or {}).items():
+            self.value(f"{name}.__kwdefaults__[{k!r}]", v, depth, "closure")
+        for k, v in vars(fn).items():  # attributes set on the function object
+            self.value(f"{name}.{k}", v, depth, "object")
+
+    def attributes(self, name: str, obj: Any, depth: int) -> None:
+        attrs: Dict[str, Any] = {}
+        for cls in type(obj).__mro__:
+            slots = cls.__dict__.get("__slots__", ())
+            for slot in (slots,) if isinstance(slots, str) else slots:
+                if not isinstance(slot, str) or slot in ("__dict__", "__weakref__"):
+                    continue
+                try:
+                    attrs.setdefault(slot, getattr(obj, slot))
+                except AttributeError:
+                    pass
+        try:
+            attrs.update(vars(obj))
+        except TypeError:
+            pass
+        for k, v in attrs.items():
+            self.value(f"{name}.{k}", v, depth, "object")
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def named_tensors(module: torch.nn.Module, *, max_depth: int = DEFAULT_MAX_DEPTH) -> List[NamedTensor]:
+    """Every distinct tensor reachable from ``module``, each once, under the
+    first name it is found by: parameters and buffers of the whole module tree
+    first (in ``named_parameters`` / ``named_buffers`` order), then tensor
+    attributes, tensors in containers, ``functools.partial`` arguments,
+    closure cells and defaults of functions and bound methods, and attributes
+    of plain objects, following each reference at most ``max_depth`` hops
+    below a module attribute.
+
+    Raises ``TypeError`` if ``module`` is not a ``torch.nn.Module``.
+    """
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"named_tensors: expected a torch.nn.Module, got {type(module).__name__}")
+    if max_depth < 0:
+        raise ValueError(f"named_tensors: max_depth must be >= 0, got {max_depth}")
+    w = _Walker(max_depth)
+    w.module("", module)
+    return w.out
