@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ._loader import _C  # noqa: F401  (loads torch first, checks the build)
 from .cases import MAX_CASE_STORAGE_BYTES, evaluate_case, run_cases
-from .reference import checked_extent, extent, in_own_storage, storage_view
+from .reference import checked_extent, direct_reload, direct_reload_enabled, extent, in_own_storage, storage_view
 from .walk import NamedTensor, named_tensors
 
 __version__ = "0.1.0"
@@ -26,6 +26,8 @@ __all__ = [
     "MAX_CASE_STORAGE_BYTES",
     "NamedTensor",
     "checked_extent",
+    "direct_reload",
+    "direct_reload_enabled",
     "evaluate_case",
     "extent",
     "in_own_storage",

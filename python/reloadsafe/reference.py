@@ -14,13 +14,13 @@ No function here grows, shrinks, reallocates or moves a storage.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import ContextManager, Optional, Sequence, Union
 
 import torch
 
 from ._loader import _C
 
-__all__ = ["in_own_storage", "storage_view", "extent", "checked_extent"]
+__all__ = ["in_own_storage", "storage_view", "extent", "checked_extent", "direct_reload", "direct_reload_enabled"]
 
 
 def in_own_storage(old: torch.Tensor, new: torch.Tensor, whole_storage: bool = False) -> torch.Tensor:
@@ -87,6 +87,25 @@ def checked_extent(sizes: Sequence[int], strides: Sequence[int]) -> Optional[int
     ``None`` when the arithmetic overflows int64. Raises on negative sizes or
     strides and on ranks that differ."""
     return _C.checked_extent(list(sizes), list(strides))
+
+
+def direct_reload_enabled() -> bool:
+    """Whether a direct reload is in progress on this thread: inside
+    ``direct_reload()``, or inside ``check_reload``'s direct mode. A
+    post-processing step may then place a weight anywhere in the old weight's
+    storage (``in_own_storage(old, new, whole_storage=direct_reload_enabled())``)."""
+    return _C.direct_reload_enabled()
+
+
+def direct_reload(enabled: bool = True) -> ContextManager[None]:
+    """A context manager that sets the direct-reload flag on this thread for
+    its block and restores the previous value when it ends (also on an
+    exception)::
+
+        with reloadsafe.direct_reload():
+            layer.process_weights_after_loading()
+    """
+    return _C.DirectReloadContext(bool(enabled))
 
 
 def _require_tensor(what: str, value: object) -> None:

@@ -80,3 +80,17 @@ def test_checked_extent_overflow_and_bad_input():
 def test_extent_type_error():
     with pytest.raises(TypeError, match="must be a torch.Tensor"):
         reloadsafe.extent([1, 2, 3])
+
+
+def test_direct_reload_flag_is_scoped_and_restored_on_error():
+    assert not reloadsafe.direct_reload_enabled()
+    with reloadsafe.direct_reload():
+        assert reloadsafe.direct_reload_enabled()
+        with reloadsafe.direct_reload(False):
+            assert not reloadsafe.direct_reload_enabled()
+        assert reloadsafe.direct_reload_enabled()
+    assert not reloadsafe.direct_reload_enabled()
+    with pytest.raises(KeyError):
+        with reloadsafe.direct_reload():
+            raise KeyError("boom")
+    assert not reloadsafe.direct_reload_enabled()

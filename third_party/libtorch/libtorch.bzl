@@ -3,7 +3,9 @@
 Where LibTorch comes from, first match wins:
   1. RELOADSAFE_LIBTORCH: an unpacked LibTorch distribution, or the `torch`
      folder of a Python installation (both have include/ and lib/).
-  2. The `torch` package of the Python environment that tools/setup.sh creates
+  2. RELOADSAFE_PYTHON (the interpreter //python's extension is built for,
+     see third_party/python/python.bzl): that interpreter's `torch` package.
+  3. The `torch` package of the Python environment that tools/setup.sh creates
      in the per-machine cache:
      ${RELOADSAFE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/reloadsafe}/venv/lib/python3.*/site-packages/torch.
      One torch for both sides: the Python extension (//python) and the C++
@@ -23,7 +25,7 @@ Targets:
   @libtorch//:version.bzl LIBTORCH_VERSION, as the installation reports it.
 """
 
-_ENV = ["RELOADSAFE_LIBTORCH", "RELOADSAFE_CACHE", "XDG_CACHE_HOME", "HOME", "CUDA_HOME", "CUDA_PATH"]
+_ENV = ["RELOADSAFE_LIBTORCH", "RELOADSAFE_PYTHON", "RELOADSAFE_CACHE", "XDG_CACHE_HOME", "HOME", "CUDA_HOME", "CUDA_PATH"]
 
 def _cache_dir(env):
     if env.get("RELOADSAFE_CACHE"):
@@ -59,6 +61,16 @@ def _venv_torch(rctx, cache):
                     return candidate
     return cache + "/venv/lib/python3/site-packages/torch"
 
+def _python_torch(rctx, python):
+    """The torch package folder of interpreter `python`, found without
+    importing torch."""
+    res = rctx.execute([python, "-c", "import importlib.util as u; s = u.find_spec('torch'); " +
+                                      "print(list(s.submodule_search_locations)[0] if s else '')"])
+    if res.return_code != 0 or not res.stdout.strip():
+        fail("RELOADSAFE_PYTHON=%s has no torch package (%s): install torch there or set " % (python, res.stderr.strip()) +
+             "RELOADSAFE_LIBTORCH.")
+    return res.stdout.strip()
+
 def _runtime_lib_dirs(rctx, env, root):
     """Folders holding the CUDA runtime that a CUDA build of LibTorch needs
     even for CPU work (libtorch_cpu links libcudart and libcupti): first the
@@ -89,6 +101,9 @@ def _libtorch_impl(rctx):
     cache = _cache_dir(env)
     root = env.get("RELOADSAFE_LIBTORCH", "")
     source = "RELOADSAFE_LIBTORCH"
+    if not root and env.get("RELOADSAFE_PYTHON"):
+        root = _python_torch(rctx, env["RELOADSAFE_PYTHON"])
+        source = "RELOADSAFE_PYTHON"
     if not root:
         root = _venv_torch(rctx, cache)
         source = "the Python environment of the reloadsafe cache"
@@ -101,8 +116,9 @@ def _libtorch_impl(rctx):
     rctx.symlink(root + "/lib", "lib")
     found_version = _read_version(rctx, root)
     if source != "RELOADSAFE_LIBTORCH" and not found_version.startswith(version):
-        fail("The torch package at %s is %s, not the pinned %s: rerun tools/setup.sh." %
-             (root, found_version, version))
+        fix = "rerun tools/setup.sh" if source != "RELOADSAFE_PYTHON" else "install torch==%s there" % version
+        fail("The torch package at %s (from %s) is %s, not the pinned %s: %s." %
+             (root, source, found_version, version, fix))
 
     runtime_dirs = _runtime_lib_dirs(rctx, env, root)
     lib = str(rctx.path("lib").realpath)

@@ -1,0 +1,18 @@
+// bindings.h: the parts of reloadsafe._C, one function per concept, each
+// adding its names to the module (module.cc calls them in order).
+//
+// Invariant: tensors cross between Python and C++ through LibTorch's own
+// pybind11 casters (torch/extension.h), never as copies: a tensor a binding
+// returns is the very tensor (same TensorImpl, storage and data pointer) the
+// C++ function returned, and an argument is the caller's tensor.
+#pragma once
+
+#include <torch/extension.h>
+
+namespace reloadsafe::python {
+
+/// The reference utilities (utils/storage_fit.h), the reload flags
+/// (utils/reload_context.h) and the case runner (conformance/case_runner.h).
+void bind_reference(pybind11::module_& m);
+
+}  // namespace reloadsafe::python
