@@ -22,3 +22,103 @@ class DirectReloadContext:
     def __init__(self, enabled: bool = ...) -> None: ...
     def __enter__(self) -> None: ...
     def __exit__(self, *args: object) -> None: ...
+
+# The read trace (bind_trace.cc).
+class TensorRead:
+    arg: int
+    element: int
+    arg_name: str
+    written: bool
+    external: bool
+    has_storage: bool
+    storage: int
+    storage_data: int
+    storage_nbytes: int
+    data_ptr: int
+    storage_offset: int
+    sizes: List[int]
+    strides: List[int]
+    dtype: torch.dtype
+    device: torch.device
+    layout: str
+
+class OpCall:
+    name: str
+    depth: int
+    reads: List[TensorRead]
+
+class ReadTrace:
+    def __init__(self, nested: bool = ...) -> None: ...
+    def stop(self) -> None: ...
+    def ops(self) -> List[OpCall]: ...
+
+# The reload protocol (bind_protocol.cc).
+class ReloadMode:
+    normal: "ReloadMode"
+    direct: "ReloadMode"
+
+class NamedTensor:
+    def __init__(self, name: str, tensor: torch.Tensor, declared: bool = ...) -> None: ...
+    name: str
+    tensor: torch.Tensor
+    declared: bool
+
+class RunOptions:
+    reloads: int
+    device: torch.device
+    seed: int
+    max_listed: int
+    trace: bool
+
+class Violation:
+    reload: int
+    tensor: str
+    what: str
+    before: str
+    after: str
+    read: str
+
+class Warning:
+    tensor: str
+    read: str
+    message: str
+
+class ModeReport:
+    mode: str
+    expected_to_pass: bool
+    reloads_done: int
+    violation_count: int
+    flagged: List[str]
+    violations: List[Violation]
+    warnings: List[Warning]
+    declared_reads: int
+    undeclared_reads: int
+    memory_bytes: List[int]
+    error: str
+    def clean(self) -> bool: ...
+
+class BackendReport:
+    name: str
+    description: str
+    negative_control: bool
+    expected_violation: str
+    modes: List[ModeReport]
+    def ok(self) -> bool: ...
+
+class ReloadSubject:
+    """Derive in Python and override name, make_checkpoint, cold_load, reload,
+    forward, fresh_forward, named_tensors and make_input."""
+    def __init__(self) -> None: ...
+    def description(self) -> str: ...
+    def release(self) -> None: ...
+    def modes(self) -> List[ReloadMode]: ...
+    def negative_control(self) -> bool: ...
+    def expected_violation(self) -> str: ...
+    def memory_tolerance_bytes(self) -> int: ...
+
+def run_subject(subject: ReloadSubject, options: RunOptions) -> BackendReport: ...
+def to_json(reports: List[BackendReport], options: RunOptions) -> str: ...
+def to_table(reports: List[BackendReport]) -> str: ...
+def add_violation(
+    report: BackendReport, mode: str, reload: int, tensor: str, what: str, before: str, after: str, read: str
+) -> None: ...

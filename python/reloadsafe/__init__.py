@@ -4,6 +4,12 @@ a captured CUDA graph reads.
 The compiled core (``reloadsafe._C``) is built from the C++ reference against
 the torch this interpreter imports; tensors cross without copies.
 
+- ``check_reload(layer_factory, example_input, ...)``: the C++ harness's
+  reload protocol on a Python layer (addresses of every reachable tensor,
+  traced reads at the captured addresses, forward == fresh cold load, memory;
+  a CUDA-graph capture and replay on CUDA); returns a ``ReloadReport``.
+- ``trace()``: a context manager recording which tensors the code in its
+  block hands to operators (external/internal, data pointers, layouts).
 - ``named_tensors(module)``: every tensor reachable from a module, by name
   (parameters, buffers, attributes, containers, partials, closures, objects).
 - ``in_own_storage``, ``storage_view``, ``extent``, ``checked_extent``: the
@@ -17,14 +23,30 @@ from __future__ import annotations
 
 from ._loader import _C  # noqa: F401  (loads torch first, checks the build)
 from .cases import MAX_CASE_STORAGE_BYTES, evaluate_case, run_cases
+from .check import MODES, ReloadReport, check_reload
+from .errors import ReloadCheckError, ReloadViolation
+from .loading import default_weight_loader, draw_checkpoint, load_checkpoint
 from .reference import checked_extent, direct_reload, direct_reload_enabled, extent, in_own_storage, storage_view
+from .trace import OpCall, TensorRead, Trace, trace
 from .walk import NamedTensor, named_tensors
 
 __version__ = "0.1.0"
 
 __all__ = [
     "MAX_CASE_STORAGE_BYTES",
+    "MODES",
     "NamedTensor",
+    "OpCall",
+    "ReloadCheckError",
+    "ReloadReport",
+    "ReloadViolation",
+    "TensorRead",
+    "Trace",
+    "check_reload",
+    "default_weight_loader",
+    "draw_checkpoint",
+    "load_checkpoint",
+    "trace",
     "checked_extent",
     "direct_reload",
     "direct_reload_enabled",

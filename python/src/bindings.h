@@ -15,4 +15,11 @@ namespace reloadsafe::python {
 /// (utils/reload_context.h) and the case runner (conformance/case_runner.h).
 void bind_reference(pybind11::module_& m);
 
+/// The read trace (conformance/harness/read_trace.h).
+void bind_trace(pybind11::module_& m);
+
+/// The reload protocol (conformance/harness/protocol.h): ReloadSubject with a
+/// trampoline for Python subjects, run_subject, the report, to_json, to_table.
+void bind_protocol(pybind11::module_& m);
+
 }  // namespace reloadsafe::python

@@ -1,0 +1,441 @@
+"""check_reload: the reload protocol of the C++ harness, on a Python layer.
+
+A Python layer (a ``torch.nn.Module``, its load function, its
+post-processing and its forward) is adapted to the C++ ``ReloadSubject``
+(conformance/harness/protocol.h) and run through the very protocol the C++
+backends go through: cold load, a traced forward (the captured read set),
+many reloads of value-changing checkpoints in the normal and the
+direct-reload mode, and after each reload the checks a captured CUDA graph
+relies on. See ``check_reload`` for the list.
+"""
+from __future__ import annotations
+
+import copy
+import gc
+import json
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+
+import torch
+
+from ._loader import _C
+from .errors import ReloadCheckError, ReloadViolation
+from .loading import Checkpoint, checkpoint_layouts, draw_checkpoint, load_checkpoint
+from .walk import named_tensors
+
+__all__ = ["check_reload", "ReloadReport", "MODES"]
+
+#: The reload modes: "normal" (post-processing as after a first load) and
+#: "direct" (inside ``direct_reload()``, where a weight may use all of its old
+#: storage).
+MODES = ("normal", "direct")
+
+LayerOrFactory = Union[torch.nn.Module, Callable[[], torch.nn.Module]]
+LoadFn = Callable[[torch.nn.Module, Mapping[str, torch.Tensor]], None]
+ProcessFn = Callable[[torch.nn.Module], None]
+ForwardFn = Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
+
+
+class ReloadReport:
+    """What ``check_reload`` found, for one layer.
+
+    ``ok`` is the verdict; ``table()`` is for people (the C++ harness's
+    table, with every violation by name and, for a traced read, op and
+    argument); ``json()`` is for machines (the C++ harness's JSON schema);
+    ``modes`` has the details per mode as plain dicts.
+    """
+
+    def __init__(self, report: Any, options: Any) -> None:
+        self._report = report
+        self._options = options
+
+    @property
+    def name(self) -> str:
+        return self._report.name
+
+    @property
+    def ok(self) -> bool:
+        """True when every declared mode is clean (for a negative control:
+        when the expected violation was flagged)."""
+        return bool(self._report.ok())
+
+    def json(self) -> str:
+        """The report in the C++ harness's JSON schema (one backend)."""
+        return _C.to_json([self._report], self._options)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """``json()`` parsed: this layer's entry (name, ok, and per mode the
+        violations, warnings, flagged names, read counts and memory)."""
+        return json.loads(self.json())["backends"][0]
+
+    def table(self) -> str:
+        """The verdict table with every listed violation and warning."""
+        return _C.to_table([self._report])
+
+    @property
+    def modes(self) -> Dict[str, Dict[str, Any]]:
+        """Per mode ("normal", "direct"): the JSON entry of that mode."""
+        return self.to_dict()["modes"]
+
+    @property
+    def flagged(self) -> List[str]:
+        """Every distinct tensor name and traced read flagged, in any mode."""
+        out: List[str] = []
+        for m in self._report.modes:
+            out += [f for f in m.flagged if f not in out]
+        return out
+
+    @property
+    def errors(self) -> List[str]:
+        return [m.error for m in self._report.modes if m.error]
+
+    def raise_for_violations(self) -> "ReloadReport":
+        """Raises ``ReloadViolation`` with the table unless ``ok``."""
+        if not self.ok:
+            raise ReloadViolation(self.table(), self)
+        return self
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def __repr__(self) -> str:
+        return f"<ReloadReport {self.name!r} ok={self.ok}>"
+
+
+class _Subject(_C.ReloadSubject):
+    """The Python layer as the protocol's ReloadSubject."""
+
+    def __init__(self, spec: "_Spec") -> None:
+        _C.ReloadSubject.__init__(self)
+        self.spec = spec
+        self.live: Optional[torch.nn.Module] = None
+
+    # What the protocol calls.
+    def name(self) -> str:
+        return self.spec.name
+
+    def description(self) -> str:
+        return self.spec.description
+
+    def make_checkpoint(self, seed: int) -> Checkpoint:
+        return self.spec.checkpoint(seed)
+
+    def cold_load(self, ckpt: Checkpoint) -> None:
+        self.live = self.spec.new_layer()
+        self.spec.load_and_process(self.live, ckpt)
+
+    def reload(self, ckpt: Checkpoint, mode: Any) -> None:
+        assert self.live is not None
+        self.spec.load_and_process(self.live, ckpt)
+        gc.collect()  # storages kept only by reference cycles are freed before the census
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.live is not None
+        return self.spec.run_forward(self.live, x)
+
+    def fresh_forward(self, ckpt: Checkpoint, x: torch.Tensor) -> torch.Tensor:
+        return self.spec.fresh_forward(ckpt, x)
+
+    def named_tensors(self) -> List[Any]:
+        assert self.live is not None
+        return self.spec.named(self.live)
+
+    def make_input(self, seed: int) -> torch.Tensor:
+        return self.spec.input(seed)
+
+    def release(self) -> None:
+        self.live = None
+        gc.collect()
+
+    def modes(self) -> List[Any]:
+        return [_C.ReloadMode.normal if m == "normal" else _C.ReloadMode.direct for m in self.spec.modes]
+
+    def negative_control(self) -> bool:
+        return self.spec.expect_violation is not None
+
+    def expected_violation(self) -> str:
+        return self.spec.expect_violation or ""
+
+    def memory_tolerance_bytes(self) -> int:
+        return self.spec.memory_tolerance_bytes
+
+
+class _Spec:
+    """check_reload's arguments, validated, with the steps the subject runs."""
+
+    def __init__(
+        self,
+        layer: LayerOrFactory,
+        example_input: Union[torch.Tensor, Callable[[int], torch.Tensor]],
+        load: Optional[LoadFn],
+        process: Optional[ProcessFn],
+        forward: Optional[ForwardFn],
+        make_checkpoint: Optional[Callable[[int], Mapping[str, torch.Tensor]]],
+        modes: Sequence[str],
+        device: torch.device,
+        name: Optional[str],
+        undeclared: Iterable[str],
+        expect_violation: Optional[str],
+        memory_tolerance_bytes: int,
+    ) -> None:
+        if isinstance(layer, torch.nn.Module):
+            # A pristine copy made before anything is loaded: every cold load
+            # starts from a copy of it, and the caller's module is left as it
+            # is. Functions and closures are shared by deepcopy: pass a
+            # factory when they hold tensors.
+            template = copy.deepcopy(layer)
+            self.factory: Callable[[], torch.nn.Module] = lambda: copy.deepcopy(template)
+            default_name = type(layer).__name__
+        elif callable(layer):
+            self.factory = layer
+            default_name = getattr(layer, "__name__", type(layer).__name__)
+        else:
+            raise ReloadCheckError(
+                f"check_reload: `layer` must be a torch.nn.Module or a function returning one, "
+                f"got {type(layer).__name__}"
+            )
+        self.name = name or default_name
+        self.description = ""
+        self.device = device
+        for m in modes:
+            if m not in MODES:
+                raise ReloadCheckError(f"check_reload: unknown mode {m!r}; the modes are {MODES}")
+        if not modes:
+            raise ReloadCheckError("check_reload: `modes` is empty; give 'normal', 'direct' or both")
+        self.modes = tuple(modes)
+        self.load = load or load_checkpoint
+        self.process = process
+        self.forward = forward
+        self.user_checkpoint = make_checkpoint
+        self.undeclared = set(undeclared)
+        self.expect_violation = expect_violation
+        self.memory_tolerance_bytes = int(memory_tolerance_bytes)
+        self.example_input = example_input
+
+        probe = self.new_layer()
+        n_weights = sum(1 for _ in probe.parameters()) + sum(1 for _ in probe.buffers())
+        if n_weights == 0:
+            raise ReloadCheckError(
+                f"check_reload: the layer {self.name} ({type(probe).__name__}) has no parameters or "
+                "buffers, so there is nothing to load or reload: register its weights as "
+                "torch.nn.Parameter (or buffers) and load checkpoints into them"
+            )
+        self.layouts = checkpoint_layouts(probe)
+        if make_checkpoint is None and not self.layouts:
+            raise ReloadCheckError(
+                f"check_reload: every parameter of {self.name} is empty, so no checkpoint can be "
+                "drawn from them: pass make_checkpoint=lambda seed: {name: tensor, ...}"
+            )
+        self.first_checkpoint = self.checkpoint(0)
+
+    # Steps.
+    def new_layer(self) -> torch.nn.Module:
+        layer = self.factory()
+        if not isinstance(layer, torch.nn.Module):
+            raise ReloadCheckError(
+                f"check_reload: the layer factory returned {type(layer).__name__}, not a torch.nn.Module"
+            )
+        return layer.to(self.device)
+
+    def fresh_forward(self, ckpt: Checkpoint, x: torch.Tensor) -> torch.Tensor:
+        """The forward on ``x`` of a fresh cold load of ``ckpt``."""
+        fresh = self.new_layer()
+        self.load_and_process(fresh, ckpt)
+        return self.run_forward(fresh, x)
+
+    def checkpoint(self, seed: int) -> Checkpoint:
+        if self.user_checkpoint is None:
+            return draw_checkpoint(self.layouts, seed)
+        ckpt = self.user_checkpoint(seed)
+        if not isinstance(ckpt, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in ckpt.items()
+        ):
+            raise ReloadCheckError("check_reload: make_checkpoint(seed) must return a dict of name -> tensor")
+        ckpt = dict(ckpt)
+        first = getattr(self, "first_checkpoint", None)
+        if first is not None:
+            for k, v in ckpt.items():
+                f = first.get(k)
+                if f is None or f.shape != v.shape or f.dtype != v.dtype:
+                    raise ReloadCheckError(
+                        f"check_reload: make_checkpoint({seed}) gave '{k}' as {_layout(v)}, but seed 0 gave "
+                        f"{_layout(f) if f is not None else 'no such tensor'}: every checkpoint must have the "
+                        "same names and layouts, only different values"
+                    )
+        return ckpt
+
+    def load_and_process(self, layer: torch.nn.Module, ckpt: Checkpoint) -> None:
+        with torch.no_grad():
+            self.load(layer, ckpt)
+            self._check_loaded(layer, ckpt)
+            if self.process is not None:
+                self.process(layer)
+            else:
+                hook = getattr(layer, "process_weights_after_loading", None)
+                if callable(hook):
+                    hook()
+
+    def _check_loaded(self, layer: torch.nn.Module, ckpt: Checkpoint) -> None:
+        """After a load, every checkpoint tensor that names a parameter or
+        buffer is there in the checkpoint's shape and dtype."""
+        for name, t in ckpt.items():
+            try:
+                target = layer.get_parameter(name)
+            except AttributeError:
+                try:
+                    target = layer.get_buffer(name)
+                except AttributeError:
+                    continue
+            if target.shape != t.shape or target.dtype != t.dtype:
+                raise ReloadCheckError(
+                    f"check_reload: after load, '{name}' is {_layout(target)} but the checkpoint has "
+                    f"{_layout(t)}: the load function must write each checkpoint tensor into the layer "
+                    "in the checkpoint's layout (through the parameter's weight_loader), not replace "
+                    "it with a tensor of another shape or dtype; reshape or repack in post-processing"
+                )
+
+    def run_forward(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            out = self.forward(layer, x) if self.forward is not None else layer(x)
+        if not isinstance(out, torch.Tensor):
+            raise ReloadCheckError(
+                f"check_reload: the forward returned {type(out).__name__}, not a tensor: pass forward= "
+                "a function (layer, x) -> tensor"
+            )
+        return out
+
+    def input(self, seed: int) -> torch.Tensor:
+        x = self.example_input(seed) if callable(self.example_input) else self.example_input
+        if not isinstance(x, torch.Tensor):
+            raise ReloadCheckError(
+                f"check_reload: example_input must be a tensor or a function seed -> tensor, got {type(x).__name__}"
+            )
+        return x.to(self.device)
+
+    def named(self, layer: torch.nn.Module) -> List[Any]:
+        out = []
+        for nt in named_tensors(layer):
+            declared = nt.tensor.numel() > 0 and nt.name not in self.undeclared
+            out.append(_C.NamedTensor(nt.name, nt.tensor, declared))
+        return out
+
+    def preflight(self) -> None:
+        """Cold load, forward, reload, forward once in plain Python, so a
+        broken step is reported as an exception naming the step, not as a
+        protocol error."""
+        x = self.input(0)
+        layer = None
+        step = "building the layer"
+        try:
+            layer = self.new_layer()
+            step = "load or post-processing of a cold load"
+            self.load_and_process(layer, self.first_checkpoint)
+            step = "forward"
+            self.run_forward(layer, x)
+            step = "load or post-processing of a reload"
+            self.load_and_process(layer, self.checkpoint(1))
+            step = "forward after a reload"
+            self.run_forward(layer, x)
+        except ReloadCheckError:
+            raise
+        except Exception as e:
+            raise ReloadCheckError(
+                f"check_reload: {self.name}: the {step} raised {type(e).__name__}: {e}. Fix that step "
+                f"of the layer, or the example input (shape {tuple(x.shape)}, {x.dtype}), before "
+                "checking reloads"
+            ) from e
+        finally:
+            del layer
+            gc.collect()
+
+
+def _layout(t: torch.Tensor) -> str:
+    return f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}"
+
+
+def check_reload(
+    layer: LayerOrFactory,
+    example_input: Union[torch.Tensor, Callable[[int], torch.Tensor]],
+    *,
+    load: Optional[LoadFn] = None,
+    process: Optional[ProcessFn] = None,
+    forward: Optional[ForwardFn] = None,
+    make_checkpoint: Optional[Callable[[int], Mapping[str, torch.Tensor]]] = None,
+    reloads: int = 10,
+    modes: Sequence[str] = MODES,
+    device: Union[str, torch.device, None] = None,
+    seed: int = 1,
+    name: Optional[str] = None,
+    undeclared: Iterable[str] = (),
+    memory_tolerance_bytes: int = 0,
+    expect_violation: Optional[str] = None,
+    trace: bool = True,
+) -> ReloadReport:
+    """Checks that reloading weights into a layer keeps every address a
+    captured CUDA graph of its forward reads.
+
+    ``layer`` is a function returning a fresh ``torch.nn.Module`` (preferred)
+    or a module (deep-copied before its first load for the fresh cold loads).
+    A checkpoint is loaded by ``load(layer, checkpoint)`` (default: through
+    each parameter's ``weight_loader(param, tensor)``, or a copy in the
+    checkpoint's layout); then ``process(layer)`` runs (default:
+    ``layer.process_weights_after_loading()`` if it has one); the forward is
+    ``forward(layer, x)`` (default: ``layer(x)``) on ``example_input`` (a
+    tensor, or a function of a seed). Checkpoints come from
+    ``make_checkpoint(seed)`` or are drawn from the fresh layer's parameters
+    (same names and layouts, new values each time).
+
+    For each mode in ``modes`` ("normal", "direct"): a cold load, one
+    warm-up forward, then the forward traced (the captured read set: every
+    op and every tensor it reads, as a CUDA graph would bake them in), and
+    ``reloads`` reloads. After each reload:
+
+    - every tensor reachable from the module (``named_tensors``: parameters,
+      buffers, attributes, tensors in containers, partials, closures and plain
+      objects; empty ones and ``undeclared`` names excepted) kept its name,
+      address, storage, storage size and layout;
+    - the traced forward issues the captured op sequence and every external
+      read is at the captured address, storage and layout (tensors the module
+      does not reach, such as one held in a kernel object outside it, are
+      named "undeclared tensor");
+    - replaying the captured ops, and the live forward, equal the forward of
+      a fresh cold load of the same checkpoint;
+    - the checkpoint, the input and a canary are unchanged;
+    - live tensor memory does not grow after the first reload (beyond
+      ``memory_tolerance_bytes``).
+
+    Returns a ``ReloadReport``; ``report.ok`` is the verdict and
+    ``report.table()`` names every violation. ``expect_violation`` marks a
+    negative control: the report is ok when that tensor name or read (op
+    name prefix, "memory", "op sequence") is flagged.
+
+    Bad input (not a module, a forward or load that raises, a layer without
+    parameters, a load that changes shapes) raises ``ReloadCheckError``
+    naming what to fix.
+
+    On CUDA (``device="cuda"``) the protocol runs on the device, and
+    additionally the forward is captured with ``torch.cuda.graph``, its
+    output poisoned before each replay, and the replay after every reload
+    compared with a fresh cold load.
+    """
+    if reloads < 1:
+        raise ReloadCheckError(f"check_reload: reloads must be at least 1, got {reloads}")
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ReloadCheckError("check_reload: device='cuda' but torch.cuda.is_available() is False")
+    spec = _Spec(
+        layer, example_input, load, process, forward, make_checkpoint, modes, dev, name, undeclared,
+        expect_violation, memory_tolerance_bytes,
+    )
+    spec.preflight()
+    subject = _Subject(spec)
+    options = _C.RunOptions()
+    options.reloads = int(reloads)
+    options.device = dev
+    options.seed = int(seed)
+    options.trace = bool(trace)
+    report = _C.run_subject(subject, options)
+    if dev.type == "cuda":
+        from .cuda_graph import graph_replay_check
+
+        graph_replay_check(spec, report, reloads, seed)
+    return ReloadReport(report, options)

@@ -1,0 +1,171 @@
+// bind_protocol.cc: the reload protocol (conformance/harness/protocol.h) for
+// reloadsafe/check.py. A Python class derived from _C.ReloadSubject is the
+// protocol's subject through the trampoline below; run_subject drives it with
+// the GIL held (the subject's methods are Python), and the report, its JSON
+// and its table come from the same C++ code as the C++ harness's.
+#include "python/src/bindings.h"
+
+#include "conformance/harness/harness.h"
+#include "conformance/harness/protocol.h"
+
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace reloadsafe::python {
+namespace {
+
+using harness::BackendReport;
+using harness::Checkpoint;
+using harness::ModeReport;
+using harness::NamedTensor;
+using harness::ReloadMode;
+using harness::ReloadSubject;
+using harness::RunOptions;
+using harness::Violation;
+using harness::Warning;
+
+// Every virtual of ReloadSubject, forwarded to the Python override. A Python
+// exception in an override reaches the protocol as a C++ exception, which the
+// protocol reports as that mode's error.
+class PySubject : public ReloadSubject {
+ public:
+  using ReloadSubject::ReloadSubject;
+
+  std::string name() const override { PYBIND11_OVERRIDE_PURE(std::string, ReloadSubject, name); }
+  std::string description() const override {
+    PYBIND11_OVERRIDE(std::string, ReloadSubject, description);
+  }
+  Checkpoint make_checkpoint(uint64_t seed) override {
+    PYBIND11_OVERRIDE_PURE(Checkpoint, ReloadSubject, make_checkpoint, seed);
+  }
+  void cold_load(const Checkpoint& ckpt) override {
+    PYBIND11_OVERRIDE_PURE(void, ReloadSubject, cold_load, ckpt);
+  }
+  void reload(const Checkpoint& ckpt, ReloadMode mode) override {
+    PYBIND11_OVERRIDE_PURE(void, ReloadSubject, reload, ckpt, mode);
+  }
+  at::Tensor forward(const at::Tensor& x) override {
+    PYBIND11_OVERRIDE_PURE(at::Tensor, ReloadSubject, forward, x);
+  }
+  at::Tensor fresh_forward(const Checkpoint& ckpt, const at::Tensor& x) override {
+    PYBIND11_OVERRIDE_PURE(at::Tensor, ReloadSubject, fresh_forward, ckpt, x);
+  }
+  std::vector<NamedTensor> named_tensors() override {
+    PYBIND11_OVERRIDE_PURE(std::vector<NamedTensor>, ReloadSubject, named_tensors);
+  }
+  at::Tensor make_input(uint64_t seed) override {
+    PYBIND11_OVERRIDE_PURE(at::Tensor, ReloadSubject, make_input, seed);
+  }
+  void release() override { PYBIND11_OVERRIDE(void, ReloadSubject, release); }
+  std::vector<ReloadMode> modes() const override {
+    PYBIND11_OVERRIDE(std::vector<ReloadMode>, ReloadSubject, modes);
+  }
+  bool negative_control() const override {
+    PYBIND11_OVERRIDE(bool, ReloadSubject, negative_control);
+  }
+  std::string expected_violation() const override {
+    PYBIND11_OVERRIDE(std::string, ReloadSubject, expected_violation);
+  }
+  int64_t memory_tolerance_bytes() const override {
+    PYBIND11_OVERRIDE(int64_t, ReloadSubject, memory_tolerance_bytes);
+  }
+};
+
+// A violation found outside the protocol (the CUDA-graph replay in Python),
+// added to the mode it belongs to and counted like the protocol's own.
+void add_violation(BackendReport& report, const std::string& mode, int reload,
+                   const std::string& tensor, const std::string& what, const std::string& before,
+                   const std::string& after, const std::string& read) {
+  for (ModeReport& m : report.modes) {
+    if (harness::to_string(m.mode) != mode) continue;
+    m.violations.push_back(Violation{reload, tensor, what, before, after, read});
+    m.violation_count += 1;
+    if (std::find(m.flagged.begin(), m.flagged.end(), tensor) == m.flagged.end()) {
+      m.flagged.push_back(tensor);
+    }
+    return;
+  }
+  TORCH_CHECK(false, "add_violation: the report has no mode '", mode, "'");
+}
+
+}  // namespace
+
+void bind_protocol(py::module_& m) {
+  py::enum_<ReloadMode>(m, "ReloadMode")
+      .value("normal", ReloadMode::kNormal)
+      .value("direct", ReloadMode::kDirect);
+
+  py::class_<NamedTensor>(m, "NamedTensor")
+      .def(py::init([](std::string name, at::Tensor tensor, bool declared) {
+             return NamedTensor{std::move(name), std::move(tensor), declared};
+           }),
+           py::arg("name"), py::arg("tensor"), py::arg("declared") = true)
+      .def_readonly("name", &NamedTensor::name)
+      .def_readonly("tensor", &NamedTensor::tensor)
+      .def_readonly("declared", &NamedTensor::declared);
+
+  py::class_<RunOptions>(m, "RunOptions")
+      .def(py::init<>())
+      .def_readwrite("reloads", &RunOptions::reloads)
+      .def_readwrite("device", &RunOptions::device)
+      .def_readwrite("seed", &RunOptions::seed)
+      .def_readwrite("max_listed", &RunOptions::max_listed)
+      .def_readwrite("trace", &RunOptions::trace);
+
+  py::class_<Violation>(m, "Violation")
+      .def_readonly("reload", &Violation::reload)
+      .def_readonly("tensor", &Violation::tensor)
+      .def_readonly("what", &Violation::what)
+      .def_readonly("before", &Violation::before)
+      .def_readonly("after", &Violation::after)
+      .def_readonly("read", &Violation::read);
+
+  py::class_<Warning>(m, "Warning")
+      .def_readonly("tensor", &Warning::tensor)
+      .def_readonly("read", &Warning::read)
+      .def_readonly("message", &Warning::message);
+
+  py::class_<ModeReport>(m, "ModeReport")
+      .def_property_readonly("mode", [](const ModeReport& r) { return std::string(harness::to_string(r.mode)); })
+      .def_readonly("expected_to_pass", &ModeReport::expected_to_pass)
+      .def_readonly("reloads_done", &ModeReport::reloads_done)
+      .def_readonly("violation_count", &ModeReport::violation_count)
+      .def_readonly("flagged", &ModeReport::flagged)
+      .def_readonly("violations", &ModeReport::violations)
+      .def_readonly("warnings", &ModeReport::warnings)
+      .def_readonly("declared_reads", &ModeReport::declared_reads)
+      .def_readonly("undeclared_reads", &ModeReport::undeclared_reads)
+      .def_readonly("memory_bytes", &ModeReport::memory_bytes)
+      .def_readonly("error", &ModeReport::error)
+      .def("clean", &ModeReport::clean);
+
+  py::class_<BackendReport>(m, "BackendReport")
+      .def_readonly("name", &BackendReport::name)
+      .def_readonly("description", &BackendReport::description)
+      .def_readonly("negative_control", &BackendReport::negative_control)
+      .def_readonly("expected_violation", &BackendReport::expected_violation)
+      .def_readonly("modes", &BackendReport::modes)
+      .def("ok", &BackendReport::ok);
+
+  py::class_<ReloadSubject, PySubject>(m, "ReloadSubject")
+      .def(py::init<>())
+      .def("description", &ReloadSubject::description)
+      .def("release", &ReloadSubject::release)
+      .def("modes", &ReloadSubject::modes)
+      .def("negative_control", &ReloadSubject::negative_control)
+      .def("expected_violation", &ReloadSubject::expected_violation)
+      .def("memory_tolerance_bytes", &ReloadSubject::memory_tolerance_bytes);
+
+  m.def("run_subject", &harness::run_subject, py::arg("subject"), py::arg("options"));
+  m.def("to_json", &harness::to_json, py::arg("reports"), py::arg("options"));
+  m.def("to_table", &harness::to_table, py::arg("reports"));
+  m.def("add_violation", &add_violation, py::arg("report"), py::arg("mode"), py::arg("reload"),
+        py::arg("tensor"), py::arg("what"), py::arg("before"), py::arg("after"), py::arg("read"));
+}
+
+}  // namespace reloadsafe::python

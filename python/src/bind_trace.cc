@@ -1,0 +1,71 @@
+// bind_trace.cc: the read trace (conformance/harness/read_trace.h) for
+// reloadsafe/trace.py. The Python context manager creates the C++ trace on
+// __enter__ and stops it on __exit__, on the same thread; results are copied
+// out as plain records (identities and pointers as integers).
+#include "python/src/bindings.h"
+
+#include "conformance/harness/read_trace.h"
+
+#include <cstdint>
+#include <memory>
+
+namespace py = pybind11;
+
+namespace reloadsafe::python {
+namespace {
+
+using trace::OpCall;
+using trace::ReadTrace;
+using trace::TensorRead;
+
+uintptr_t address(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+
+// Owns one ReadTrace for the lifetime of a Python `with` block.
+class PyReadTrace {
+ public:
+  explicit PyReadTrace(bool nested) {
+    ReadTrace::Options options;
+    options.nested = nested;
+    trace_ = std::make_unique<ReadTrace>(options);
+  }
+  void stop() { trace_->stop(); }
+  std::vector<OpCall> ops() const { return trace_->ops(); }
+
+ private:
+  std::unique_ptr<ReadTrace> trace_;
+};
+
+}  // namespace
+
+void bind_trace(py::module_& m) {
+  py::class_<TensorRead>(m, "TensorRead")
+      .def_readonly("arg", &TensorRead::arg)
+      .def_readonly("element", &TensorRead::element)
+      .def_readonly("arg_name", &TensorRead::arg_name)
+      .def_readonly("written", &TensorRead::written)
+      .def_readonly("external", &TensorRead::external)
+      .def_readonly("has_storage", &TensorRead::has_storage)
+      .def_property_readonly("storage", [](const TensorRead& r) { return address(r.storage); })
+      .def_property_readonly("storage_data",
+                             [](const TensorRead& r) { return address(r.storage_data); })
+      .def_readonly("storage_nbytes", &TensorRead::storage_nbytes)
+      .def_property_readonly("data_ptr", [](const TensorRead& r) { return address(r.data_ptr); })
+      .def_readonly("storage_offset", &TensorRead::storage_offset)
+      .def_readonly("sizes", &TensorRead::sizes)
+      .def_readonly("strides", &TensorRead::strides)
+      .def_readonly("dtype", &TensorRead::dtype)
+      .def_readonly("device", &TensorRead::device)
+      .def_property_readonly("layout", &TensorRead::layout);
+
+  py::class_<OpCall>(m, "OpCall")
+      .def_readonly("name", &OpCall::name)
+      .def_readonly("depth", &OpCall::depth)
+      .def_readonly("reads", &OpCall::reads);
+
+  py::class_<PyReadTrace>(m, "ReadTrace")
+      .def(py::init<bool>(), py::arg("nested") = true)
+      .def("stop", &PyReadTrace::stop)
+      .def("ops", &PyReadTrace::ops);
+}
+
+}  // namespace reloadsafe::python
