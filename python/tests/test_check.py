@@ -161,3 +161,27 @@ def test_cuda_graph_replay(cls):
         assert report.ok, report.table()
     else:
         assert not report.ok
+
+
+def test_raise_for_violations_carries_the_table_and_the_report():
+    report = _check(sl.RebuiltScale)
+    with pytest.raises(reloadsafe.ReloadViolation) as e:
+        report.raise_for_violations()
+    assert e.value.report is report and "col_scale" in str(e.value)
+    assert _check(sl.Transposed).raise_for_violations().ok
+
+
+def test_a_forward_that_fails_mid_run_is_that_modes_error():
+    class FailsLater(sl.Transposed):
+        calls = 0
+
+        def forward(self, x):
+            FailsLater.calls += 1
+            if FailsLater.calls > 12:
+                raise RuntimeError("workspace exhausted")
+            return super().forward(x)
+
+    report = check_reload(FailsLater, torch.randn(8, 32), reloads=RELOADS)
+    assert not report.ok
+    assert any("workspace exhausted" in e for e in report.errors), report.errors
+    assert "error: " in report.table()
