@@ -90,6 +90,17 @@ install_venv() {
   say "Python environment: ready in $VENV ($(du -sh "$VENV" | cut -f1))"
 }
 
+# Earlier set-ups unpacked a separate LibTorch and CUDA runtime into the
+# cache; the venv's torch replaces both. They are left for older checkouts
+# that may still use them.
+note_old_cache() {
+  local old
+  for old in "$CACHE/libtorch-$TORCH_VERSION" "$CACHE/cuda-runtime"; do
+    [ -d "$old" ] && say "note: $old is no longer used by this checkout (the venv's torch replaces it); remove it once no older checkout needs it"
+  done
+  return 0
+}
+
 check_libtorch_override() {
   [ -n "${RELOADSAFE_LIBTORCH:-}" ] || return 0
   [ -d "$RELOADSAFE_LIBTORCH/include" ] && [ -d "$RELOADSAFE_LIBTORCH/lib" ] ||
@@ -121,6 +132,7 @@ mkdir -p "$CACHE"
 start=$SECONDS
 install_debian_packages
 install_venv
+note_old_cache
 check_libtorch_override
 install_python_packages
 write_user_bazelrc
