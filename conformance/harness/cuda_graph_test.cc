@@ -8,17 +8,26 @@
 //
 // RELOADSAFE_GRAPH_RELOADS sets the reloads per backend and mode (default 100).
 #include "conformance/harness/harness.h"
+#include "conformance/harness/read_trace.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
+#include <set>
 
 namespace reloadsafe::harness {
 namespace {
@@ -79,6 +88,83 @@ GraphRun capture_and_reload(const Backend& backend, ReloadMode mode, int reloads
   return run;
 }
 
+// Note [Kernel arguments against the trace]
+// The read trace sees what the dispatcher sees; the hardware reads what the
+// captured kernels were given. Every kernel node of a captured graph carries
+// its argument buffer; cuFuncGetParamInfo gives each argument's offset and
+// size. A pointer-sized argument that points into a live device allocation is
+// a read (or write) the graph bakes in: it must lie in a storage the trace
+// recorded, or in the graph's own pool (memory made during capture). Library
+// workspaces (cuBLAS) are neither; they are listed, not failed. What must
+// never happen is a kernel reading one of the layer's own tensors through a
+// pointer the trace did not record: the trace would then have missed a read.
+
+// Driver entry points, found through the runtime so the binary does not link
+// libcuda (it must start, and skip, on machines without a driver).
+struct Driver {
+  PFN_cuGraphKernelNodeGetParams_v12000 kernel_node_params = nullptr;
+  PFN_cuFuncGetParamInfo_v12040 param_info = nullptr;
+  PFN_cuKernelGetFunction_v12000 kernel_function = nullptr;
+  PFN_cuPointerGetAttribute_v4000 pointer_attribute = nullptr;
+
+  std::string load() {
+    auto get = [](const char* name, void** fn, unsigned version) -> bool {
+      cudaDriverEntryPointQueryResult found{};
+      return cudaGetDriverEntryPointByVersion(name, fn, version, cudaEnableDefault, &found) ==
+                 cudaSuccess &&
+             found == cudaDriverEntryPointSuccess && *fn != nullptr;
+    };
+    if (!get("cuGraphKernelNodeGetParams", reinterpret_cast<void**>(&kernel_node_params), 12000))
+      return "cuGraphKernelNodeGetParams";
+    if (!get("cuFuncGetParamInfo", reinterpret_cast<void**>(&param_info), 12040))
+      return "cuFuncGetParamInfo (driver older than CUDA 12.4)";
+    if (!get("cuKernelGetFunction", reinterpret_cast<void**>(&kernel_function), 12000))
+      return "cuKernelGetFunction";
+    if (!get("cuPointerGetAttribute", reinterpret_cast<void**>(&pointer_attribute), 4000))
+      return "cuPointerGetAttribute";
+    return "";
+  }
+};
+
+struct Range {
+  uintptr_t begin, end;
+  bool contains(uintptr_t p) const { return begin <= p && p < end; }
+};
+
+// Every pointer-sized kernel argument of `graph` that points into a live
+// device allocation.
+std::vector<uintptr_t> kernel_pointer_arguments(const Driver& driver, cudaGraph_t graph) {
+  size_t n = 0;
+  EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &n), cudaSuccess);
+  std::vector<cudaGraphNode_t> nodes(n);
+  EXPECT_EQ(cudaGraphGetNodes(graph, nodes.data(), &n), cudaSuccess);
+  std::vector<uintptr_t> pointers;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    if (cudaGraphNodeGetType(node, &type) != cudaSuccess || type != cudaGraphNodeTypeKernel)
+      continue;
+    CUDA_KERNEL_NODE_PARAMS_v2 params{};
+    if (driver.kernel_node_params(reinterpret_cast<CUgraphNode>(node), &params) != CUDA_SUCCESS)
+      continue;
+    CUfunction func = params.func;
+    if (func == nullptr && params.kern != nullptr) driver.kernel_function(&func, params.kern);
+    if (func == nullptr || params.kernelParams == nullptr) continue;
+    for (size_t i = 0;; ++i) {
+      size_t offset = 0, size = 0;
+      if (driver.param_info(func, i, &offset, &size) != CUDA_SUCCESS) break;
+      if (size != sizeof(void*)) continue;
+      uintptr_t value = 0;
+      std::memcpy(&value, params.kernelParams[i], sizeof(value));
+      CUdeviceptr start = 0;
+      if (value != 0 && driver.pointer_attribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                                 static_cast<CUdeviceptr>(value)) == CUDA_SUCCESS) {
+        pointers.push_back(value);
+      }
+    }
+  }
+  return pointers;
+}
+
 class CudaGraphReload : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -120,6 +206,67 @@ TEST_F(CudaGraphReload, NegativeControlsAreCaughtByStaleReplayOutput) {
     }
   }
   RecordProperty("replays", total_replays);
+}
+
+// See Note [Kernel arguments against the trace].
+TEST_F(CudaGraphReload, KernelArgumentsPointIntoTheTracedReadSetOrTheGraphPool) {
+  Driver driver;
+  const std::string missing = driver.load();
+  if (!missing.empty()) GTEST_SKIP() << "the CUDA driver lacks " << missing;
+  int kernels_checked = 0;
+  for (const auto& backend : BackendRegistry::instance().create_all()) {
+    if (backend->negative_control()) continue;
+    SCOPED_TRACE(backend->name());
+    const c10::Device cuda(c10::kCUDA, 0);
+    ReloadSession session(*backend, cuda, /*seed=*/1);
+    at::Generator gen = at::detail::createCPUGenerator(7919);
+    const at::Tensor x = at::randn(backend->input_shape(), gen, at::kFloat).to(cuda);
+    at::cuda::CUDAGraph graph(/*keep_graph=*/true);
+    std::vector<Range> traced;
+    {
+      c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool());
+      at::Tensor out = backend->forward(session.layer(), x);  // warm-up
+      trace::ReadTrace trace;
+      graph.capture_begin();
+      out = backend->forward(session.layer(), x);
+      graph.capture_end();
+      trace.stop();
+      for (const auto& op : trace.ops()) {
+        for (const auto& r : op.reads) {
+          if (r.storage_data == nullptr) continue;
+          const auto begin = reinterpret_cast<uintptr_t>(r.storage_data);
+          traced.push_back({begin, begin + r.storage_nbytes});
+        }
+      }
+    }
+    std::vector<Range> pool, layer_tensors;
+    for (const auto& segment :
+         c10::cuda::CUDACachingAllocator::snapshot(graph.pool(), false).segments) {
+      if (segment.owner_private_pool_id == graph.pool())
+        pool.push_back({segment.address, segment.address + segment.total_size});
+    }
+    for (const auto& named : session.named_tensors()) {
+      if (!named.tensor.is_cuda() || named.tensor.storage().data() == nullptr) continue;
+      const auto begin = reinterpret_cast<uintptr_t>(named.tensor.storage().data());
+      layer_tensors.push_back({begin, begin + named.tensor.storage().nbytes()});
+    }
+    auto in = [](const std::vector<Range>& ranges, uintptr_t p) {
+      return std::any_of(ranges.begin(), ranges.end(),
+                         [&](const Range& r) { return r.contains(p); });
+    };
+    std::set<uintptr_t> unexplained;
+    for (uintptr_t p : kernel_pointer_arguments(driver, graph.raw_cuda_graph())) {
+      ++kernels_checked;
+      if (in(traced, p) || in(pool, p)) continue;
+      EXPECT_FALSE(in(layer_tensors, p))
+          << "a captured kernel reads the layer's tensor at 0x" << std::hex << p
+          << " through a pointer the read trace did not record";
+      unexplained.insert(p);
+    }
+    RecordProperty(backend->name() + "_unexplained_pointers", static_cast<int>(unexplained.size()));
+  }
+  RecordProperty("pointer_arguments_checked", kernels_checked);
+  EXPECT_GT(kernels_checked, 0) << "no kernel node with a pointer argument was found";
 }
 
 TEST_F(CudaGraphReload, HarnessPassesOnCuda) {
