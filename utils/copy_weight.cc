@@ -1,5 +1,7 @@
 #include "utils/copy_weight.h"
 
+#include "utils/dense_copy.h"
+
 #include <c10/util/Exception.h>
 
 #include <dlfcn.h>
@@ -82,7 +84,9 @@ at::Tensor& copy_weight_(at::Tensor& dst, const at::Tensor& src) {
       src.is_contiguous() && is_integrated_gpu(dst.device())) {
     touch_pages(src);
   }
-  return dst.copy_(src);
+  // A CPU destination: dense same-dtype bytes at the copy limit, else copy_.
+  dense_copy_(dst, src);
+  return dst;
 }
 
 }  // namespace reloadsafe

@@ -1,5 +1,6 @@
 #include "utils/replace_parameter.h"
 
+#include "utils/dense_copy.h"
 #include "utils/reload_context.h"
 #include "utils/storage_fit.h"
 #include "utils/tensor_attrs.h"
@@ -54,7 +55,8 @@ void replace_parameter(Layer& layer, const std::string& param_name, const at::Te
   if (keep_object) {
     if (old_param.sizes() == data.sizes() && old_param.strides() == data.strides() &&
         old_param.dtype() == data.dtype() && old_param.device() == data.device()) {
-      old_param.detach().copy_(data);
+      // `old_param.data.copy_(data)`; dense CPU bytes at the copy limit.
+      if (!try_dense_copy(old_param, data)) old_param.detach().copy_(data);
     } else if (layer.quant_method.has_value() && layer.quant_method->uses_meta_device) {
       rebind_data(old_param, data);  // online quantization frees the source
     } else {
@@ -100,7 +102,7 @@ at::Tensor refill_derived(Layer& obj, const std::string& name, const at::Tensor&
                 " spanning ", span_bytes, " of ", old.storage().nbytes(),
                 " bytes); refilling it would overwrite other data. Hold a tensor of its own "
                 "(e.g. .clone()) under derived names");
-    old.copy_(new_tensor);
+    dense_copy_(old, new_tensor);
     return old;
   }
   obj.set(name, new_tensor);

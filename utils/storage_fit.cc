@@ -1,5 +1,7 @@
 #include "utils/storage_fit.h"
 
+#include "utils/dense_copy.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <c10/util/safe_numerics.h>
@@ -127,7 +129,7 @@ at::Tensor in_own_storage(const at::Tensor& old, const at::Tensor& new_tensor, b
   }
   at::Tensor view = storage_view(storage, offset / size, new_tensor.sizes(), new_tensor.strides(),
                                  new_tensor.scalar_type());
-  view.copy_(new_tensor);
+  dense_copy_(view, new_tensor);
   return view;
 }
 

@@ -1,0 +1,248 @@
+#include "utils/dense_copy.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
+#include <c10/util/Exception.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+namespace reloadsafe {
+namespace {
+
+constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+// Chunks handed to one thread are at least this large: below it, starting a
+// parallel region costs more than the copy it would split.
+constexpr int64_t kGrainBytes = 256 << 10;
+constexpr int64_t kBlock = 64;  // chunk boundaries fall on cache lines
+// The smallest copy the crossover is measured for, and asked for: streaming
+// stores cannot win on a copy that stays in the per-core caches.
+constexpr size_t kFirstCandidate = 256 << 10;
+
+#if defined(__x86_64__) || defined(__i386__)
+#define RELOADSAFE_HAVE_AVX2_PATH 1
+
+// One thread's streaming copy. Loads are unaligned; stores are 32-byte
+// aligned (the head up to the first aligned destination byte and the tail
+// go through memcpy), four 32-byte stores per loop so each iteration fills
+// two cache lines' worth of write-combining buffers. The sfence makes the
+// weakly ordered stores visible before the caller (or the parallel region's
+// barrier) goes on.
+__attribute__((target("avx2"))) void stream_copy_avx2(uint8_t* d, const uint8_t* s, size_t n) {
+  size_t head = static_cast<size_t>(-reinterpret_cast<uintptr_t>(d)) & 31;
+  if (head > n) head = n;
+  std::memcpy(d, s, head);
+  d += head;
+  s += head;
+  n -= head;
+  size_t blocks = n / 128;
+  for (size_t i = 0; i < blocks; ++i, d += 128, s += 128) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 32));
+    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 64));
+    const __m256i e = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 96));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d), a);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + 32), b);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + 64), c);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + 96), e);
+  }
+  n -= blocks * 128;
+  size_t rest32 = n / 32;
+  for (size_t i = 0; i < rest32; ++i, d += 32, s += 32) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d),
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
+  }
+  std::memcpy(d, s, n - rest32 * 32);
+  _mm_sfence();
+}
+#endif
+
+bool detect_avx2() {
+#ifdef RELOADSAFE_HAVE_AVX2_PATH
+  return __builtin_cpu_supports("avx2");
+#else
+  return false;
+#endif
+}
+
+void copy_chunk(uint8_t* d, const uint8_t* s, size_t n, bool stream) {
+#ifdef RELOADSAFE_HAVE_AVX2_PATH
+  if (stream && stream_copy_supported()) {
+    stream_copy_avx2(d, s, n);
+    return;
+  }
+#endif
+  std::memcpy(d, s, n);
+}
+
+// Note [Crossover calibration]
+// Streaming stores bypass the cache: they lose while source and destination
+// fit in it (the next reader finds nothing cached, and cached stores are
+// fast), and win once they do not (no read-for-ownership of the destination,
+// no eviction traffic). Where that happens depends on the cache sizes, the
+// memory system and the number of threads copying, so it is measured, not
+// assumed: both ways, through the same parallel split dense_copy_ uses, at
+// sizes doubling from 256 KiB to 128 MiB, each size first copied once
+// untimed (page faults, cache state) and then three times each way,
+// alternating, keeping each way's fastest. The crossover is the first size
+// from which streaming is faster at two consecutive sizes (measuring stops
+// there); never, if that does not happen. One measurement per thread count,
+// under a mutex; later calls read an atomic.
+// Per thread count: 0 not measured yet, -1 never, else the crossover in
+// bytes (zero-initialised: static storage).
+constexpr int kMaxThreads = 512;
+std::atomic<int64_t> crossover_by_threads[kMaxThreads + 1];
+std::mutex calibration_mutex;
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+
+double seconds_of(void* d, const void* s, size_t n, bool stream) {
+  const auto t0 = std::chrono::steady_clock::now();
+  parallel_copy_bytes(d, s, n, stream);
+  const auto t1 = std::chrono::steady_clock::now();
+  return std::chrono::duration<double>(t1 - t0).count();
+}
+
+int64_t measure_crossover() {
+  if (!stream_copy_supported()) return kNever;
+  constexpr size_t kLast = size_t{128} << 20;
+  std::unique_ptr<uint8_t, FreeDeleter> src(static_cast<uint8_t*>(std::aligned_alloc(64, kLast)));
+  std::unique_ptr<uint8_t, FreeDeleter> dst(static_cast<uint8_t*>(std::aligned_alloc(64, kLast)));
+  if (!src || !dst) return kNever;  // no memory to measure with: keep copy_'s behaviour
+  size_t touched = 0;
+  int64_t first_win = kNever;
+  for (size_t n = kFirstCandidate; n <= kLast; n *= 2) {
+    if (n > touched) {  // fault the new part in, outside the timing
+      std::memset(src.get() + touched, 1, n - touched);
+      std::memset(dst.get() + touched, 0, n - touched);
+      touched = n;
+    }
+    parallel_copy_bytes(dst.get(), src.get(), n, false);
+    double cached = std::numeric_limits<double>::infinity();
+    double streamed = cached;
+    for (int rep = 0; rep < 3; ++rep) {
+      cached = std::min(cached, seconds_of(dst.get(), src.get(), n, false));
+      streamed = std::min(streamed, seconds_of(dst.get(), src.get(), n, true));
+    }
+    if (streamed < cached) {
+      if (first_win != kNever) return first_win;
+      first_win = static_cast<int64_t>(n);
+    } else {
+      first_win = kNever;
+    }
+  }
+  return first_win;
+}
+
+std::optional<int64_t> crossover_from_env() {
+  const char* v = std::getenv("RELOADSAFE_STREAM_CROSSOVER");
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  TORCH_CHECK(end != v && *end == '\0' && n >= 0, "RELOADSAFE_STREAM_CROSSOVER='", v,
+              "' is not a byte count; give a non-negative integer or unset it");
+  return static_cast<int64_t>(n);
+}
+
+bool ranges_overlap(const uint8_t* a, const uint8_t* b, size_t n) {
+  return a < b + n && b < a + n;
+}
+
+}  // namespace
+
+bool stream_copy_supported() {
+  static const bool supported = detect_avx2();
+  return supported;
+}
+
+void stream_copy_bytes(void* dst, const void* src, size_t n) {
+  copy_chunk(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n, true);
+}
+
+void parallel_copy_bytes(void* dst, const void* src, size_t n, bool stream) {
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
+  const auto bytes = static_cast<int64_t>(n);
+  if (bytes < 2 * kGrainBytes || at::get_num_threads() == 1) {
+    copy_chunk(d, s, n, stream);
+    return;
+  }
+  const int64_t blocks = (bytes + kBlock - 1) / kBlock;
+  at::parallel_for(0, blocks, kGrainBytes / kBlock, [&](int64_t b, int64_t e) {
+    const int64_t begin = b * kBlock;
+    const int64_t end = std::min(e * kBlock, bytes);
+    copy_chunk(d + begin, s + begin, static_cast<size_t>(end - begin), stream);
+  });
+}
+
+int64_t stream_crossover_bytes() {
+  static const std::optional<int64_t> fixed = crossover_from_env();
+  if (fixed) return *fixed;
+  const int threads = std::clamp(at::get_num_threads(), 1, kMaxThreads);
+  std::atomic<int64_t>& slot = crossover_by_threads[threads];
+  int64_t value = slot.load(std::memory_order_acquire);
+  if (value == 0) {
+    std::lock_guard<std::mutex> lock(calibration_mutex);
+    value = slot.load(std::memory_order_relaxed);
+    if (value == 0) {
+      const int64_t measured = measure_crossover();
+      value = measured == kNever ? -1 : measured;
+      slot.store(value, std::memory_order_release);
+    }
+  }
+  return value < 0 ? kNever : value;
+}
+
+bool dense_copy_applies(const at::Tensor& dst, const at::Tensor& src) {
+  if (!dst.defined() || !src.defined()) return false;
+  if (!dst.device().is_cpu() || !src.device().is_cpu()) return false;
+  if (dst.layout() != at::kStrided || src.layout() != at::kStrided) return false;
+  if (dst.scalar_type() != src.scalar_type() || dst.is_quantized()) return false;
+  if (dst.sizes() != src.sizes() || dst.strides() != src.strides()) return false;
+  if (!dst.is_non_overlapping_and_dense()) return false;  // src has the same layout
+  if (dst.is_conj() || src.is_conj() || dst.is_neg() || src.is_neg()) return false;
+  // What copy_ would refuse or record for autograd: leave it to copy_.
+  if (dst.requires_grad() || (src.requires_grad() && c10::GradMode::is_enabled())) return false;
+  if (dst.is_inference() && !c10::InferenceMode::is_enabled()) return false;
+  if (!dst.has_storage() || !src.has_storage()) return false;
+  const size_t n = static_cast<size_t>(dst.numel()) * dst.element_size();
+  if (n == 0) return true;
+  return !ranges_overlap(static_cast<const uint8_t*>(dst.const_data_ptr()),
+                         static_cast<const uint8_t*>(src.const_data_ptr()), n);
+}
+
+bool try_dense_copy(const at::Tensor& dst, const at::Tensor& src) {
+  if (!dense_copy_applies(dst, src)) return false;
+  const auto n = static_cast<int64_t>(dst.numel() * dst.element_size());
+  if (n > 0) {
+    // The crossover is only asked for copies that could reach it (the
+    // measurement starts at 256 KiB): small copies never pay for it.
+    const bool stream =
+        n >= static_cast<int64_t>(kFirstCandidate) && n >= stream_crossover_bytes();
+    parallel_copy_bytes(dst.mutable_data_ptr(), src.const_data_ptr(), static_cast<size_t>(n),
+                        stream);
+  }
+  dst.unsafeGetTensorImpl()->bump_version();  // as copy_ does: an in-place write
+  return true;
+}
+
+const at::Tensor& dense_copy_(const at::Tensor& dst, const at::Tensor& src) {
+  if (!try_dense_copy(dst, src)) dst.copy_(src);
+  return dst;
+}
+
+}  // namespace reloadsafe
