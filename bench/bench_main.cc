@@ -1,13 +1,18 @@
 #include "bench/bench_main.h"
 
+#include "utils/dense_copy.h"
+
+#include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -106,6 +111,36 @@ std::optional<std::string> take_flag(int* argc, char** argv, const std::string& 
   return value;
 }
 
+ScopedThreads::ScopedThreads(int threads) : previous_(at::get_num_threads()) {
+  if (threads != previous_) at::set_num_threads(threads);
+}
+
+ScopedThreads::~ScopedThreads() {
+  if (at::get_num_threads() != previous_) at::set_num_threads(previous_);
+}
+
+int all_cores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+std::vector<ContextEntry> calibrate_dense_copy() {
+  const auto describe = [](int64_t bytes) {
+    return bytes == std::numeric_limits<int64_t>::max() ? std::string("never")
+                                                        : std::to_string(bytes);
+  };
+  std::vector<ContextEntry> entries = {
+      {"dense_copy_avx2", stream_copy_supported() ? "yes" : "no (memcpy only)"}};
+  for (int threads : {1, all_cores()}) {
+    ScopedThreads scoped(threads);
+    entries.push_back({"dense_copy_stream_from_bytes_threads_" + std::to_string(threads),
+                       describe(stream_crossover_bytes())});
+    if (threads == all_cores()) break;
+  }
+  return entries;
+}
+
 int run_benchmarks(int argc, char** argv, const BenchMainOptions& options) {
   const std::optional<std::string> targets_out = take_flag(&argc, argv, "reloadsafe_targets_out");
   for (int i = 1; i < argc; ++i) {
@@ -118,6 +153,7 @@ int run_benchmarks(int argc, char** argv, const BenchMainOptions& options) {
   }
   for (const auto& [key, value] : machine_context()) benchmark::AddCustomContext(key, value);
   for (const auto& [key, value] : options.context) benchmark::AddCustomContext(key, value);
+  for (const auto& [key, value] : calibrate_dense_copy()) benchmark::AddCustomContext(key, value);
   benchmark::AddCustomContext("reloadsafe_references", references_of(options));
 
   // Read before Initialize, which removes benchmark's flags from argv.

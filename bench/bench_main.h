@@ -64,6 +64,29 @@ void guarded(benchmark::State& state, Body&& body) {
   }
 }
 
+/// Sets LibTorch's thread count for the life of the object, then restores
+/// it. Each benchmark series says how many threads it runs on: 1 (the
+/// one-thread series) or all_cores() (the all-cores series).
+class ScopedThreads {
+ public:
+  explicit ScopedThreads(int threads);
+  ~ScopedThreads();
+  ScopedThreads(const ScopedThreads&) = delete;
+  ScopedThreads& operator=(const ScopedThreads&) = delete;
+
+ private:
+  int previous_;
+};
+
+/// The number of CPUs this process may run on (the all-cores series' thread
+/// count).
+int all_cores();
+
+/// Measures dense_copy_'s streaming crossover for 1 and all_cores() threads
+/// before any benchmark runs, so that no timed iteration pays for it, and
+/// returns the context entries that record it.
+std::vector<ContextEntry> calibrate_dense_copy();
+
 /// Initialises Google Benchmark with argv, runs the benchmarks the flags
 /// select, prints the targets, and returns the exit status: 1 for an
 /// unrecognised argument, else 0 (targets are reported, not enforced).

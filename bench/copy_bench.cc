@@ -5,15 +5,20 @@
 //   bazel run -c opt //bench:copy_bench -- --reloadsafe_large   # adds 1 GiB
 //
 // Names: BM_FileCopy/<destination>/<cache>/<strategy>/bytes:<N>/manual_time
-//   destination  cpu; cuda_discrete or cuda_integrated (from the device's
-//                cudaDevAttrIntegrated) where a CUDA device is visible
+//   destination  cpu (one thread); cpu_all_cores (LibTorch threads = the CPUs
+//                this process may use; warm only); cuda_discrete or
+//                cuda_integrated (from the device's cudaDevAttrIntegrated)
+//                where a CUDA device is visible
 //   cache        warm: the file is resident in the page cache;
 //                cold: evicted (POSIX_FADV_DONTNEED) before each iteration
 //   strategy     mmap_copy, copy_weight_touch, populate_read, map_populate,
 //                pread (CPU), pread_pinned_staging (CUDA); see kStrategies
 // and BM_Limit/<destination>/<limit>/bytes:<N>/manual_time for the limits:
-// memcpy between resident buffers, the file's sequential read when cold, and
-// pinned host-to-device copies.
+// memcpy and AVX2 streaming-store copies between resident buffers (the copy
+// limit of a size is the faster of the two; split over the threads for
+// cpu_all_cores), the file's sequential read when cold, and pinned
+// host-to-device copies. Strategies that copy out of a mapping into a CPU
+// destination use dense_copy_ (utils/dense_copy.h), as copy_weight_ does.
 //
 // Every iteration maps the file afresh, so page faults are part of the
 // measured cost, as when a safetensors checkpoint is loaded; mapping and
@@ -25,13 +30,16 @@
 #include "bench/bench_main.h"
 #include "bench/checkpoint_file.h"
 #include "utils/copy_weight.h"
+#include "utils/dense_copy.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
 
 #include <sys/mman.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <iostream>
@@ -92,8 +100,19 @@ constexpr Strategy kStrategies[] = {
 /// Where the bytes go.
 struct Destination {
   bool cuda = false;
-  std::string name;  // cpu, cuda_discrete, cuda_integrated
+  std::string name;  // cpu, cpu_all_cores, cuda_discrete, cuda_integrated
+  int threads = 1;   // LibTorch threads while it runs
 };
+
+// Copies a mapping's bytes into the destination: dense_copy_ on the CPU (the
+// copy the utilities make), copy_ to a device.
+void copy_out(const Destination& dest, at::Tensor& dst, const at::Tensor& src) {
+  if (dest.cuda) {
+    dst.copy_(src);
+  } else {
+    dense_copy_(dst, src);
+  }
+}
 
 at::Tensor resident_cpu_bytes(int64_t n, uint8_t value) {
   at::Tensor t = at::empty({n}, at::kByte);
@@ -194,6 +213,7 @@ void time_iterations(benchmark::State& state, const CheckpointFile* file, Cache 
 void file_copy(benchmark::State& state, const Destination& dest, Cache cache,
                const Strategy& strategy) {
   guarded(state, [&] {
+    ScopedThreads scoped(dest.threads);
     const int64_t nbytes = state.range(0);
     const CheckpointFile& file = CheckpointFile::shared(nbytes);
     at::Tensor dst;
@@ -215,7 +235,7 @@ void file_copy(benchmark::State& state, const Destination& dest, Cache cache,
       switch (strategy.id) {
         case StrategyId::kMmapCopy: {
           ReadOnlyMapping map(file);
-          dst.copy_(map.bytes());
+          copy_out(dest, dst, map.bytes());
           break;
         }
         case StrategyId::kCopyWeightTouch: {
@@ -228,12 +248,12 @@ void file_copy(benchmark::State& state, const Destination& dest, Cache cache,
           ReadOnlyMapping map(file);
           TORCH_CHECK(madvise(map.data(), map.nbytes(), MADV_POPULATE_READ) == 0,
                       "madvise(MADV_POPULATE_READ) failed: ", std::strerror(errno));
-          dst.copy_(map.bytes());
+          copy_out(dest, dst, map.bytes());
           break;
         }
         case StrategyId::kMapPopulate: {
           ReadOnlyMapping map(file, MAP_POPULATE);
-          dst.copy_(map.bytes());
+          copy_out(dest, dst, map.bytes());
           break;
         }
         case StrategyId::kPread:
@@ -254,16 +274,34 @@ void file_copy(benchmark::State& state, const Destination& dest, Cache cache,
   });
 }
 
-void limit_memcpy(benchmark::State& state) {
+// Copies between resident buffers: memcpy or streaming stores, on one thread
+// or split over `threads` (one contiguous chunk each).
+void limit_copy(benchmark::State& state, int threads, bool stream) {
   guarded(state, [&] {
+    ScopedThreads scoped(threads);
     const int64_t nbytes = state.range(0);
     at::Tensor src = resident_cpu_bytes(nbytes, 1);
     at::Tensor dst = resident_cpu_bytes(nbytes, 0);
+    auto* d = static_cast<uint8_t*>(dst.data_ptr());
+    const auto* s = static_cast<const uint8_t*>(src.const_data_ptr());
+    const auto copy = [&](int64_t begin, int64_t end) {
+      if (stream) {
+        stream_copy_bytes(d + begin, s + begin, end - begin);
+      } else {
+        std::memcpy(d + begin, s + begin, end - begin);
+      }
+    };
     time_iterations(state, nullptr, Cache::kWarm, [&] {
-      std::memcpy(dst.data_ptr(), src.data_ptr(), nbytes);
+      if (threads == 1) {
+        copy(0, nbytes);
+      } else {
+        at::parallel_for(0, nbytes, std::max<int64_t>(nbytes / threads, 1), copy);
+      }
       benchmark::ClobberMemory();
     });
-    state.SetLabel("memcpy between resident buffers (one thread)");
+    state.SetLabel(std::string(stream ? "AVX2 streaming stores" : "memcpy") +
+                   " between resident buffers (" + std::to_string(threads) + " thread" +
+                   (threads == 1 ? ")" : "s)"));
   });
 }
 
@@ -337,13 +375,16 @@ BenchMainOptions register_benchmarks(bool large) {
   std::string populate_why;
   const bool populate_ok = populate_read_supported(&populate_why);
   std::string cuda_why;
-  std::vector<Destination> dests = {{false, "cpu"}};
+  const int cores = all_cores();
+  std::vector<Destination> dests = {{false, "cpu", 1}, {false, "cpu_all_cores", cores}};
   if (auto cuda = cuda_destination(&cuda_why)) dests.push_back(*cuda);
   std::cerr << "copy_bench: CUDA destination: " << cuda_why << "\n";
   if (!populate_ok) std::cerr << "copy_bench: populate_read skipped: " << populate_why << "\n";
 
   for (const Destination& dest : dests) {
     for (Cache cache : {Cache::kWarm, Cache::kCold}) {
+      // The all-cores series is warm only: cold, the disk is the limit.
+      if (dest.threads > 1 && cache == Cache::kCold) continue;
       for (const Strategy& s : kStrategies) {
         if (!(dest.cuda ? s.to_cuda : s.to_cpu)) continue;
         if (s.id == StrategyId::kPopulateRead && !populate_ok) continue;
@@ -356,11 +397,26 @@ BenchMainOptions register_benchmarks(bool large) {
       }
     }
   }
-  with_sizes(benchmark::RegisterBenchmark("BM_Limit/cpu/memcpy", limit_memcpy), sizes);
+  for (const Destination& dest : dests) {
+    if (dest.cuda) continue;
+    const int t = dest.threads;
+    const std::string prefix = "BM_Limit/" + dest.name + "/";
+    with_sizes(benchmark::RegisterBenchmark(
+                   (prefix + "memcpy").c_str(),
+                   [t](benchmark::State& st) { limit_copy(st, t, false); }),
+               sizes);
+    with_sizes(benchmark::RegisterBenchmark(
+                   (prefix + "stream_copy").c_str(),
+                   [t](benchmark::State& st) { limit_copy(st, t, true); }),
+               sizes);
+    options.targets.push_back(
+        {Target::Kind::kBestAtLeast,
+         "file -> " + dest.name + ": best warm strategy / copy limit (" + std::to_string(t) +
+             (t == 1 ? " thread)" : " threads)"),
+         "BM_FileCopy/" + dest.name + "/warm/", prefix + "memcpy/|" + prefix + "stream_copy/",
+         16 << 20, 0.9});
+  }
   with_sizes(benchmark::RegisterBenchmark("BM_Limit/cpu/cold_seq_read", limit_cold_read), sizes);
-  options.targets.push_back({Target::Kind::kBestAtLeast,
-                             "file -> cpu: best warm strategy / memcpy limit",
-                             "BM_FileCopy/cpu/warm/", "BM_Limit/cpu/memcpy/", 64 << 20, 0.8});
 #if RELOADSAFE_BENCH_CUDA
   for (const Destination& dest : dests) {
     if (!dest.cuda) continue;
@@ -375,10 +431,12 @@ BenchMainOptions register_benchmarks(bool large) {
   std::string size_list;
   for (int64_t n : sizes) size_list += (size_list.empty() ? "" : ",") + std::to_string(n);
   for (const Destination& dest : dests) {
+    if (dest.threads > 1) continue;  // no cold series
     options.references.emplace_back("BM_FileCopy/" + dest.name + "/cold/",
                                     "BM_Limit/cpu/cold_seq_read/");
   }
   options.context = {{"copy_bench_sizes", size_list},
+                     {"copy_bench_all_cores_threads", std::to_string(cores)},
                      {"copy_bench_cuda_destination", cuda_why},
                      {"copy_bench_populate_read", populate_ok ? "supported" : populate_why}};
   return options;

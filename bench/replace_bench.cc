@@ -1,5 +1,5 @@
-// replace_bench: replace_parameter's address-keeping paths against memcpy of
-// the same bytes, and the cost of deciding that a tensor does not fit.
+// replace_bench: replace_parameter's address-keeping paths against the copy
+// limit of the same bytes, and the cost of deciding that a tensor does not fit.
 //
 //   bazel run -c opt //bench:replace_bench -- --benchmark_out=$PWD/replace.json
 //
@@ -14,7 +14,13 @@
 //       whole storage under DirectReloadScope; the parameter is reset to its
 //       loaded half-size view outside the timed region before each call
 //   BM_Replace/memcpy/bytes:<N>/real_time         memcpy of the same bytes
-//       between resident buffers: the limit the paths are judged by
+//       between resident buffers
+//   BM_Replace/stream_copy/bytes:<N>/real_time    the same with AVX2 streaming
+//       (non-temporal) stores; the limit of a size is the faster of the two
+//   BM_Replace/all_cores/<series>/...             the same series with
+//       LibTorch's threads = the CPUs this process may use; the limits split
+//       the bytes over those threads (at::parallel_for, memcpy or streaming
+//       stores per chunk). The series above run on one thread.
 //   BM_InOwnStorage/decision_unplaced/real_time   in_own_storage for a small
 //       tensor that does not fit (so it returns it unplaced): the decision
 //       alone, nothing copied
@@ -23,6 +29,7 @@
 // and holds the new values, and fails otherwise: a path that silently
 // reallocated would measure the wrong thing.
 #include "bench/bench_main.h"
+#include "utils/dense_copy.h"
 #include "utils/layer.h"
 #include "utils/reload_context.h"
 #include "utils/replace_parameter.h"
@@ -30,11 +37,14 @@
 #include "utils/tensor_attrs.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <exception>
+#include <string>
 
 namespace reloadsafe::bench {
 namespace {
@@ -63,8 +73,9 @@ int64_t floats(int64_t nbytes) {
   return nbytes / static_cast<int64_t>(sizeof(float));
 }
 
-void replace_in_place(benchmark::State& state) {
+void replace_in_place(benchmark::State& state, int threads) {
   guarded(state, [&] {
+    ScopedThreads scoped(threads);
     const int64_t n = state.range(0);
     OneWeight layer(at::zeros({floats(n)}));
     const at::Tensor src = at::full({floats(n)}, 1.5f);
@@ -75,8 +86,9 @@ void replace_in_place(benchmark::State& state) {
   });
 }
 
-void replace_placed(benchmark::State& state) {
+void replace_placed(benchmark::State& state, int threads) {
   guarded(state, [&] {
+    ScopedThreads scoped(threads);
     const int64_t n = state.range(0);
     OneWeight layer(at::zeros({floats(n)}));
     // The parameter alternates between the two dtypes, so each call is a
@@ -92,8 +104,9 @@ void replace_placed(benchmark::State& state) {
   });
 }
 
-void replace_direct_reload(benchmark::State& state) {
+void replace_direct_reload(benchmark::State& state, int threads) {
   guarded(state, [&] {
+    ScopedThreads scoped(threads);
     const int64_t n = state.range(0);
     const at::Tensor room = at::zeros({floats(n)});
     const at::Tensor loaded = room.narrow(0, 0, floats(n) / 2);  // the weight as loaded
@@ -113,12 +126,28 @@ void replace_direct_reload(benchmark::State& state) {
   });
 }
 
-void replace_memcpy(benchmark::State& state) {
+// The limits: memcpy or streaming stores, on one thread or split over
+// `threads` (each thread copies one contiguous chunk).
+void copy_limit(benchmark::State& state, int threads, bool stream) {
+  ScopedThreads scoped(threads);
   const int64_t n = state.range(0);
   const at::Tensor src = at::full({n}, 1, at::kByte);  // both resident: filled
   at::Tensor dst = at::zeros({n}, at::kByte);
+  auto* d = static_cast<uint8_t*>(dst.data_ptr());
+  const auto* s = static_cast<const uint8_t*>(src.const_data_ptr());
+  const auto copy = [&](int64_t begin, int64_t end) {
+    if (stream) {
+      stream_copy_bytes(d + begin, s + begin, end - begin);
+    } else {
+      std::memcpy(d + begin, s + begin, end - begin);
+    }
+  };
   for (auto _ : state) {
-    std::memcpy(dst.data_ptr(), src.data_ptr(), n);
+    if (threads == 1) {
+      copy(0, n);
+    } else {
+      at::parallel_for(0, n, std::max<int64_t>(n / threads, 1), copy);
+    }
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(state.iterations() * n);
@@ -146,23 +175,44 @@ BenchMainOptions register_benchmarks() {
         ->Range(4 << 10, 256 << 20)
         ->Unit(benchmark::kMicrosecond);
   };
-  sized(benchmark::RegisterBenchmark("BM_Replace/in_place", replace_in_place))->UseRealTime();
-  sized(benchmark::RegisterBenchmark("BM_Replace/placed", replace_placed))->UseRealTime();
-  sized(benchmark::RegisterBenchmark("BM_Replace/direct_reload", replace_direct_reload))
-      ->UseManualTime();
-  sized(benchmark::RegisterBenchmark("BM_Replace/memcpy", replace_memcpy))->UseRealTime();
+  BenchMainOptions options;
+  struct Series {
+    std::string prefix;  // "BM_Replace/" or "BM_Replace/all_cores/"
+    int threads;
+    std::string what;    // in the targets' descriptions
+  };
+  const int cores = all_cores();
+  for (const Series& series : {Series{"BM_Replace/", 1, "one thread"},
+                               Series{"BM_Replace/all_cores/", cores,
+                                      std::to_string(cores) + " threads"}}) {
+    const int t = series.threads;
+    const auto reg = [&](const char* name, auto fn) {
+      return sized(benchmark::RegisterBenchmark((series.prefix + name).c_str(),
+                                                [t, fn](benchmark::State& st) { fn(st, t); }));
+    };
+    reg("in_place", replace_in_place)->UseRealTime();
+    reg("placed", replace_placed)->UseRealTime();
+    reg("direct_reload", replace_direct_reload)->UseManualTime();
+    reg("memcpy", [](benchmark::State& st, int n) { copy_limit(st, n, false); })->UseRealTime();
+    reg("stream_copy", [](benchmark::State& st, int n) { copy_limit(st, n, true); })
+        ->UseRealTime();
+    const std::string limit = series.prefix + "memcpy/|" + series.prefix + "stream_copy/";
+    for (const char* path : {"in_place", "placed", "direct_reload"}) {
+      options.targets.push_back({Target::Kind::kEachAtLeast,
+                                 std::string("replace_parameter ") + path + " / copy limit (" +
+                                     series.what + ")",
+                                 series.prefix + path + "/", limit, 16 << 20, 0.9});
+    }
+  }
   benchmark::RegisterBenchmark("BM_InOwnStorage/decision_unplaced", in_own_storage_decision)
       ->UseRealTime()
       ->Unit(benchmark::kNanosecond);
-
-  BenchMainOptions options;
-  for (const char* path : {"in_place", "placed", "direct_reload"}) {
-    options.targets.push_back(
-        {Target::Kind::kEachAtLeast, std::string("replace_parameter ") + path + " / memcpy",
-         std::string("BM_Replace/") + path + "/", "BM_Replace/memcpy/", 16 << 20, 0.9});
-  }
   options.targets.push_back({Target::Kind::kTimeAtMost, "in_own_storage decision, small tensor",
                              "BM_InOwnStorage/decision_unplaced", "", 0, 1000});
+  options.targets.push_back({Target::Kind::kTimeAtMost,
+                             "replace_parameter in_place, 4 KiB, one thread (per call)",
+                             "BM_Replace/in_place/bytes:4096/", "", 0, 500});
+  options.context = {{"replace_bench_all_cores_threads", std::to_string(cores)}};
   return options;
 }
 

@@ -1,5 +1,6 @@
 #include "bench/targets.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <iomanip>
 #include <sstream>
@@ -56,6 +57,15 @@ std::string json_string(const std::string& s) {
 
 }  // namespace
 
+std::vector<std::string> limit_prefixes(const std::string& limit) {
+  std::vector<std::string> out;
+  std::stringstream in(limit);
+  for (std::string part; std::getline(in, part, '|');) {
+    if (!part.empty()) out.push_back(part);
+  }
+  return out;
+}
+
 std::optional<int64_t> bytes_of(const std::string& name) {
   const auto at = name.find("/bytes:");
   if (at == std::string::npos) return std::nullopt;
@@ -77,12 +87,15 @@ std::vector<TargetResult> evaluate_targets(const std::vector<Target>& targets,
       }
       continue;
     }
-    // The limit of each size, then the candidates of each size.
+    // The limit of each size (the fastest of the alternatives), then the
+    // candidates of each size.
+    const std::vector<std::string> limits = limit_prefixes(t.limit);
     std::map<int64_t, double> limit;
     for (const auto& [name, m] : measured) {
       auto bytes = bytes_of(name);
-      if (bytes && starts_with(name, t.limit) && m.bytes_per_second > 0) {
-        limit[*bytes] = m.bytes_per_second;
+      if (!bytes || m.bytes_per_second <= 0) continue;
+      for (const std::string& prefix : limits) {
+        if (starts_with(name, prefix)) limit[*bytes] = std::max(limit[*bytes], m.bytes_per_second);
       }
     }
     std::map<int64_t, std::vector<std::pair<std::string, double>>> by_size;

@@ -12,7 +12,8 @@
 //   <family>/<group>.../<series>/bytes:<N>[/manual_time|/real_time]
 //   e.g. BM_FileCopy/cpu/warm/pread/bytes:67108864/manual_time
 //
-// A ratio target compares a candidate with the limit of the same `bytes`.
+// A ratio target compares a candidate with the limit of the same `bytes`
+// (the fastest of the limit's alternatives in that run).
 // Invariant: a target that has nothing to compare (its sizes were filtered
 // out, a benchmark failed) is reported as not applicable, never as met.
 //
@@ -55,7 +56,9 @@ struct Target {
   std::string description;
   /// Name prefix of the benchmarks measured (e.g. "BM_FileCopy/cpu/warm/").
   std::string candidates;
-  /// Name prefix of the limit they are divided by (ratio kinds only).
+  /// Name prefix of the limit they are divided by (ratio kinds only); several
+  /// alternatives separated by '|' (e.g. "BM_Limit/cpu/memcpy/|BM_Limit/cpu/stream_copy/"):
+  /// the limit of a size is then the fastest of them in the run.
   std::string limit;
   /// Sizes below this are not judged (ratio kinds only).
   int64_t min_bytes = 0;
@@ -73,6 +76,9 @@ struct TargetResult {
   bool met = false;
   std::string candidate;  ///< the benchmark judged (the best one for kBestAtLeast)
 };
+
+/// The alternatives of a Target::limit ("a|b" -> {"a", "b"}).
+std::vector<std::string> limit_prefixes(const std::string& limit);
 
 /// The `bytes:<N>` argument of a benchmark name, if it has one.
 std::optional<int64_t> bytes_of(const std::string& name);
