@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Runs reloadsafe's benchmarks repeatedly and compares them with a baseline.
 
-    bench/compare.py copy_bench replace_bench          # gate: exit 1 on a slowdown
-    bench/compare.py --update-baseline copy_bench      # record a new baseline
+    bench/compare.py --base main copy_bench replace_bench   # A/B: the CI regression check
+    bench/compare.py copy_bench replace_bench          # against this machine's stored baseline
+    bench/compare.py --update-baseline copy_bench      # record this machine's baseline
     bench/compare.py results/copy_bench.json           # compare a finished run
     bench/compare.py copy_bench -- --reloadsafe_large  # arguments for the binary
 
@@ -12,10 +13,24 @@ Bazel), or a results JSON file written by one (compared as it is). Binaries
 run with --benchmark_repetitions=N --benchmark_enable_random_interleaving=true
 and write Google Benchmark JSON, with the machine context, to --results-dir.
 
-Baselines live in bench/baselines/<kind>/<binary>.json (Google Benchmark JSON,
-as the binary wrote it). The kind is --kind, else $RELOADSAFE_BENCH_KIND, else
-the machine_kind the binary reports in its context ("cpu-2core" on a 2-core
-machine without a GPU, the GPU's name such as "nvidia-h200" with one).
+A/B (--base REF): builds the benchmarks of git commit REF in a separate
+worktree (the same Bazel disk cache, so unchanged code is not recompiled) and
+those of the working tree, runs both sides alternately (ABBA...) in one run,
+one repetition per invocation, and judges the working tree against REF with
+the rule below. Both sides see the same machine at the same time: this is
+the check that works on any machine, CI runners included.
+
+Stored baselines live in bench/baselines/<kind>/<machine>/<binary>.json
+(Google Benchmark JSON, as the binary wrote it). The kind is --kind, else
+$RELOADSAFE_BENCH_KIND, else the machine_kind the binary reports in its
+context ("cpu-2core" on a 2-core machine without a GPU, the GPU's name such as
+"nvidia-h200" with one); <machine> is the CPU model as a slug, plus the GPU
+model where there is one ("amd-epyc", "intel-xeon-platinum-8480__nvidia-h200").
+Only a baseline of the same machine gates. A baseline of the same kind but
+another CPU or GPU model is compared for information (verdict "differs", never
+a failure), with the command that records one for this machine.
+--record-missing records this machine's baseline when it has none (the main
+job does this) instead of comparing with nothing.
 
 The rule (time per iteration, per benchmark, over the repetitions):
   SLOWER  median > baseline median * (1 + threshold)  AND  min > baseline max
@@ -33,6 +48,14 @@ The rule (time per iteration, per benchmark, over the repetitions):
   faster  the mirror image of the first two conditions (reported).
   ok      anything else; new / missing / error: benchmarks in only one of the
           two runs, or that failed (an error also makes the exit status 1).
+  differs SLOWER or faster against another machine's baseline (information).
+
+A limit may have alternatives ("memcpy/|stream_copy/"): the fastest of those
+measured in both runs is used.
+
+Besides the tables, each binary's verdict goes to <results>/<binary>.verdict.json
+(mode, verdict counts per benchmark family, targets per family, charts), which
+tools/report.py reads.
 
 Threads: LibTorch's copy_ runs on OMP_NUM_THREADS threads. A run uses
 --threads, else $OMP_NUM_THREADS, else the value the baseline was recorded
@@ -153,20 +176,35 @@ def parse_references(context):
     return pairs
 
 
-def limit_of(name, references, stats):
-    """The benchmark of `stats` that `name` is measured against: the one
-    under its reference's limit prefix with the same bytes; None if none."""
+def limit_prefixes(limit):
+    """The alternatives of a reference's limit ("a/|b/" -> ["a/", "b/"])."""
+    return [p for p in limit.split("|") if p]
+
+
+def limit_of(name, references, stats, also_in=None):
+    """The benchmark of `stats` that `name` is measured against: under one of
+    its reference's limit prefixes, with the same bytes; of several
+    alternatives, the fastest (lowest median) among those also in `also_in`
+    (when given); None if none."""
     size = parse_name(name)[2]
     for prefix, limit in references:
-        if name.startswith(prefix) and not name.startswith(limit):
-            for other in stats:
-                if other.startswith(limit) and parse_name(other)[2] == size:
-                    return other
+        alternatives = limit_prefixes(limit)
+        if not name.startswith(prefix) or any(name.startswith(a) for a in alternatives):
+            continue
+        found = [other for other in stats
+                 if any(other.startswith(a) for a in alternatives)
+                 and parse_name(other)[2] == size
+                 and (also_in is None or other in also_in)]
+        if found:
+            def median(n):
+                s = stats[n]
+                return s.median if s is not None and getattr(s, "times", None) else math.inf
+            return min(found, key=lambda n: (median(n), n))
     return None
 
 
 def is_limit(name, references):
-    return any(name.startswith(limit) for _, limit in references)
+    return any(name.startswith(a) for _, limit in references for a in limit_prefixes(limit))
 
 
 def classify(base, cur, threshold, relative=None, limit=False):
@@ -203,7 +241,7 @@ def compare(base_stats, cur_stats, threshold, references=()):
         base = base_stats.get(name)
         ratio = cur.median / base.median if base and base.times and cur.times else math.nan
         relative = None
-        lim = limit_of(name, references, cur_stats)
+        lim = limit_of(name, references, cur_stats, also_in=base_stats)
         if lim is not None and lim in base_stats and not math.isnan(ratio):
             cur_lim, base_lim = cur_stats[lim], base_stats[lim]
             if cur_lim.times and base_lim.times:
@@ -229,7 +267,7 @@ def fmt_range(s):
     return "-" if s is None or not s.times else f"{fmt_time(s.min)}..{fmt_time(s.max)}"
 
 
-def print_table(rows, threshold, out=None):
+def print_table(rows, threshold, out=None, gating=True):
     out = out or sys.stdout
     width = max([len(r[0]) for r in rows] + [9])
     print(f"{'benchmark':<{width}}  {'baseline':>9}  {'current':>9}  {'cur/base':>8}  "
@@ -244,8 +282,12 @@ def print_table(rows, threshold, out=None):
     for row in rows:
         counts[row[5]] = counts.get(row[5], 0) + 1
     summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-    print(f"({summary}; SLOWER = median more than {threshold:.0%} slower, ranges apart, and "
-          f"more than {threshold:.0%} slower relative to its limit in the same run)", file=out)
+    if gating:
+        print(f"({summary}; SLOWER = median more than {threshold:.0%} slower, ranges apart, and "
+              f"more than {threshold:.0%} slower relative to its limit in the same run)", file=out)
+    else:
+        print(f"({summary}; differs = median more than {threshold:.0%} apart and ranges apart, "
+              f"against another machine's baseline: information, not a verdict)", file=out)
 
 
 # --- charts ------------------------------------------------------------------
@@ -339,56 +381,165 @@ def chart_vs_baseline(plt, rows, threshold, title, path):
     return True
 
 
+# --- machines and stored baselines ------------------------------------------
+
+def slug(text):
+    """Lower-case words joined by '-': "AMD EPYC 7B13" -> "amd-epyc-7b13"."""
+    return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-") or "unknown"
+
+
+def machine_of(context):
+    """The machine a result was measured on, below its kind: the CPU model as
+    a slug, plus "__" and the GPU model where the binary found one."""
+    cpu = slug(context.get("cpu_model", "unknown cpu"))
+    if context.get("gpu_driver"):  # only present when a GPU was found
+        return cpu + "__" + slug(str(context.get("gpu", "gpu")).split(" (")[0])
+    return cpu
+
+
+def describe_machine(context):
+    gpu = context.get("gpu", "") if context.get("gpu_driver") else "no GPU"
+    return f"{context.get('cpu_model', 'unknown CPU')}, {gpu}"
+
+
+def baseline_path(baselines, kind, machine, binary_name):
+    return os.path.join(baselines, kind, machine, binary_name + ".json")
+
+
+def find_baseline(baselines, kind, machine, binary_name):
+    """(path, same_machine) of the stored baseline to compare with: this
+    machine's, else another machine's of the same kind (for information),
+    else (None, False). A file directly under <kind>/ (the layout before
+    baselines were keyed by machine) counts as the machine its context names."""
+    own = baseline_path(baselines, kind, machine, binary_name)
+    if os.path.exists(own):
+        return own, True
+    others = []
+    legacy = os.path.join(baselines, kind, binary_name + ".json")
+    if os.path.exists(legacy):
+        with open(legacy) as f:
+            ctx = json.load(f).get("context", {})
+        if machine_of(ctx) == machine:
+            return legacy, True
+        others.append(legacy)
+    kind_dir = os.path.join(baselines, kind)
+    if os.path.isdir(kind_dir):
+        for m in sorted(os.listdir(kind_dir)):
+            path = baseline_path(baselines, kind, m, binary_name)
+            if os.path.exists(path):
+                others.append(path)
+    return (others[0], False) if others else (None, False)
+
+
 # --- running -----------------------------------------------------------------
 
-def resolve_binary(spec, build):
-    """A binary path for a BENCH that is a name or a path."""
+def bazel_bin(cwd):
+    """The -c opt bazel-bin folder of the workspace at cwd (the bazel-bin
+    symlink follows the last command's configuration)."""
+    try:
+        return subprocess.run(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=cwd, check=True,
+                              capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return os.path.join(cwd, "bazel-bin")
+
+
+def build(names, cwd, log):
+    """bazel build -c opt //bench:<names> in the workspace at cwd; the output
+    goes to `log` (a file object or None for the terminal)."""
+    if not names:
+        return
+    targets = [f"//bench:{n}" for n in names]
+    print(f"[compare] bazel build -c opt {' '.join(targets)} (in {cwd})", flush=True)
+    subprocess.run(["bazel", "build", "-c", "opt", *targets], cwd=cwd, check=True,
+                   stdout=log, stderr=subprocess.STDOUT if log else None)
+
+
+def stop_bazel(cwd):
+    """Stops the Bazel server of the workspace at cwd (the base worktree's is
+    not needed once its binaries are built)."""
+    try:
+        subprocess.run(["bazel", "shutdown"], cwd=cwd, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+    except OSError:
+        pass
+
+
+def resolve_binary(spec, cwd=TOP):
+    """A binary path for a BENCH that is a name (in cwd's bazel-bin) or a path."""
     if os.sep in spec or os.path.exists(spec):
         return os.path.abspath(spec)
-    if build:
-        print(f"[compare] bazel build -c opt //bench:{spec}", flush=True)
-        subprocess.run(["bazel", "build", "-c", "opt", f"//bench:{spec}"], cwd=TOP, check=True)
-    # The bazel-bin symlink follows the last command's configuration: ask for
-    # the -c opt one.
-    try:
-        bin_dir = subprocess.run(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=TOP, check=True,
-                                 capture_output=True, text=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        bin_dir = os.path.join(TOP, "bazel-bin")
-    path = os.path.join(bin_dir, "bench", spec)
+    path = os.path.join(bazel_bin(cwd), "bench", spec)
     if not os.path.exists(path):
         sys.exit(f"[compare] {path} does not exist: build it (bazel build -c opt //bench:{spec}) "
                  f"or give the path to the binary")
     return path
 
 
+def base_worktree(ref, where, log):
+    """A git worktree of commit `ref` at `where` (created, or moved to ref when
+    it is already one), with this checkout's user.bazelrc (the disk cache)."""
+    commit = subprocess.run(["git", "rev-parse", "--verify", ref + "^{commit}"], cwd=TOP,
+                            check=True, capture_output=True, text=True).stdout.strip()
+    subprocess.run(["git", "worktree", "prune"], cwd=TOP, check=True)
+    if os.path.exists(os.path.join(where, ".git")):
+        subprocess.run(["git", "checkout", "--quiet", "--force", "--detach", commit], cwd=where,
+                       check=True, stdout=log, stderr=subprocess.STDOUT if log else None)
+    else:
+        os.makedirs(os.path.dirname(where), exist_ok=True)
+        subprocess.run(["git", "worktree", "add", "--force", "--detach", where, commit], cwd=TOP,
+                       check=True, stdout=log, stderr=subprocess.STDOUT if log else None)
+    rc = os.path.join(TOP, "user.bazelrc")
+    if os.path.exists(rc):
+        with open(rc) as src, open(os.path.join(where, "user.bazelrc"), "w") as dst:
+            dst.write(src.read())
+    return commit
+
+
+def default_base_dir():
+    cache = os.environ.get("RELOADSAFE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "reloadsafe")
+    return os.path.join(cache, "ab-base")
+
+
 def baseline_threads(args, binary):
     """OMP_NUM_THREADS for a run: --threads, else the environment's, else the
-    one the baseline of this binary was recorded with (so that a comparison
-    is like for like), else None (LibTorch's default)."""
+    one this machine kind's stored baseline of this binary was recorded with
+    (so that a comparison is like for like), else None (LibTorch's default).
+    The series of the binaries set their own thread counts (one thread, or
+    all cores); this only affects what they leave at LibTorch's default."""
     if args.threads is not None:
         return str(args.threads)
     if os.environ.get("OMP_NUM_THREADS"):
         return None
     kind = args.kind or os.environ.get("RELOADSAFE_BENCH_KIND")
     kinds = [kind] if kind else (os.listdir(args.baselines) if os.path.isdir(args.baselines) else [])
+    found = []
     for k in kinds:
-        path = baseline_path(args.baselines, k, os.path.basename(binary))
-        if not os.path.exists(path):
-            continue
-        with open(path) as f:
-            omp = json.load(f).get("context", {}).get("omp_env", "")
-        m = re.search(r"OMP_NUM_THREADS=(\d+)", omp)
-        if m and (kind or len(kinds) == 1):
-            return m.group(1)
+        name = os.path.basename(binary) + ".json"
+        kdir = os.path.join(args.baselines, k)
+        paths = [os.path.join(kdir, name)] + [os.path.join(kdir, m, name)
+                                             for m in (sorted(os.listdir(kdir))
+                                                       if os.path.isdir(kdir) else [])]
+        for path in paths:
+            if os.path.isfile(path):
+                with open(path) as f:
+                    omp = json.load(f).get("context", {}).get("omp_env", "")
+                m = re.search(r"OMP_NUM_THREADS=(\d+)", omp)
+                if m:
+                    found.append(m.group(1))
+    if found and (kind or len(set(found)) == 1):
+        return found[0]
     return None
 
 
-def run_binary(binary, args, results_dir):
+def run_binary(binary, args, results_dir, repetitions=None, tag=""):
+    """Runs one binary; returns its results JSON path (<results>/<name><tag>.json,
+    targets beside it as .targets.json)."""
     name = os.path.basename(binary)
-    out = os.path.join(results_dir, name + ".json")
-    targets = os.path.join(results_dir, name + ".targets.json")
-    cmd = [binary, f"--benchmark_repetitions={args.repetitions}",
+    out = os.path.join(results_dir, name + tag + ".json")
+    targets = os.path.join(results_dir, name + tag + ".targets.json")
+    cmd = [binary, f"--benchmark_repetitions={repetitions or args.repetitions}",
            "--benchmark_enable_random_interleaving=true",
            "--benchmark_display_aggregates_only=true",
            f"--benchmark_out={out}", "--benchmark_out_format=json",
@@ -404,8 +555,63 @@ def run_binary(binary, args, results_dir):
         env["OMP_NUM_THREADS"] = threads
     prefix = f"OMP_NUM_THREADS={threads} " if threads is not None else ""
     print("[compare] " + prefix + " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True, env=env)
+    log = getattr(args, "log_file", None)
+    subprocess.run(cmd, check=True, env=env, stdout=log,
+                   stderr=subprocess.STDOUT if log else None)
     return out
+
+
+def interleaved_order(rounds):
+    """The sides of an A/B run, round by round: base, head, head, base, base,
+    head, ... (ABBA), so neither side always runs first after a pause."""
+    order = []
+    for r in range(rounds):
+        order += [("base", "head"), ("head", "base")][r % 2]
+    return order
+
+
+def merge_runs(paths, out_path):
+    """Writes the runs at `paths` (one repetition each, or more) as one
+    Google Benchmark JSON with all their repetitions, the first run's context;
+    returns out_path."""
+    merged = None
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        if merged is None:
+            merged = {"context": data.get("context", {}), "benchmarks": []}
+        merged["benchmarks"] += [b for b in data.get("benchmarks", [])
+                                 if b.get("run_type", "iteration") == "iteration"]
+    with open(out_path, "w") as f:
+        json.dump(merged or {"context": {}, "benchmarks": []}, f, indent=1)
+    return out_path
+
+
+def merge_targets(paths, out_path):
+    """The targets of several runs of one binary: per (description, bytes),
+    the median of the runs' values, judged against the bound again."""
+    rows, basis = {}, ""
+    for path in paths:
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            t = json.load(f)
+        basis = t.get("basis", basis)
+        for x in t["targets"]:
+            rows.setdefault((x["description"], x["bytes"]), []).append(x)
+    targets = []
+    for (_, _), xs in sorted(rows.items()):
+        value = statistics.median(x["value"] for x in xs)
+        x = dict(xs[0])
+        x["value"] = value
+        x["met"] = value <= x["bound"] if x["comparison"] == "<=" else value >= x["bound"]
+        x["runs"] = len(xs)
+        targets.append(x)
+    with open(out_path, "w") as f:
+        json.dump({"basis": f"median over {len(paths)} runs of the per-run ratios "
+                            f"({basis.split(',')[0] if basis else 'one run each'})",
+                   "targets": targets}, f, indent=1)
+    return out_path
 
 
 def write_baseline(results_path, base_file, merge):
@@ -423,20 +629,18 @@ def write_baseline(results_path, base_file, merge):
     context = new.get("context", {})
     if "executable" in context:
         context["executable"] = os.path.basename(context["executable"])
+    os.makedirs(os.path.dirname(base_file), exist_ok=True)
     with open(base_file, "w") as f:
         json.dump(new, f, indent=2)
         f.write("\n")
-
-
-def baseline_path(baselines, kind, binary_name):
-    return os.path.join(baselines, kind, binary_name + ".json")
 
 
 def binary_name_of(context, results_path):
     exe = context.get("executable")
     if exe:
         return os.path.basename(exe)
-    return os.path.splitext(os.path.basename(results_path))[0]
+    name = os.path.splitext(os.path.basename(results_path))[0]
+    return name[:-len(".head")] if name.endswith(".head") else name
 
 
 def check_context(base_ctx, cur_ctx):
@@ -452,65 +656,181 @@ def check_context(base_ctx, cur_ctx):
     return warnings
 
 
-def process(results_path, args, plt):
-    """Compares (or records) one results file; returns True if it passes."""
+def family_of(name):
+    """The benchmark family of a name for the report: its group
+    (e.g. BM_FileCopy/cpu/warm, BM_Replace/all_cores)."""
+    group = parse_name(name)[0]
+    return group or name
+
+
+def target_family(description):
+    """Targets of one family share their description (one row per size)."""
+    return description
+
+
+def summarize_targets(targets):
+    """Per target description: met (all sizes), the worst value and its size."""
+    fams = {}
+    for x in targets:
+        f = fams.setdefault(target_family(x["description"]),
+                            {"met": True, "worst": None, "bytes": None, "bound": x["bound"],
+                             "comparison": x["comparison"], "rows": 0})
+        f["rows"] += 1
+        f["met"] = f["met"] and x["met"]
+        worse = (f["worst"] is None or
+                 (x["value"] > f["worst"] if x["comparison"] == "<=" else x["value"] < f["worst"]))
+        if worse:
+            f["worst"], f["bytes"] = x["value"], x["bytes"]
+    return fams
+
+
+def gating_verdicts(rows, same_machine):
+    """The rows' verdicts as they count: against another machine's baseline,
+    SLOWER and faster become "differs" (information)."""
+    if same_machine:
+        return rows
+    return [(n, b, c, r, rel, "differs" if v in ("SLOWER", "faster") else v)
+            for n, b, c, r, rel, v in rows]
+
+
+def process(results_path, args, plt, base_results=None):
+    """Compares (or records) one results file; returns True if it passes.
+
+    base_results: the A/B base side's results (then no stored baseline is
+    used)."""
     cur_ctx, cur = load_results(results_path)
     name = binary_name_of(cur_ctx, results_path)
     kind = args.kind or os.environ.get("RELOADSAFE_BENCH_KIND") or cur_ctx.get("machine_kind")
     if not kind:
         sys.exit(f"[compare] {results_path} has no machine_kind in its context: give --kind")
-    base_file = baseline_path(args.baselines, kind, name)
-    print(f"\n== {name} (kind {kind}; baseline {os.path.relpath(base_file, TOP)})")
-    base_ctx, base = load_results(base_file) if os.path.exists(base_file) else ({}, {})
-    if not base:
-        print("[compare] no baseline yet" +
-              ("" if args.update_baseline else ": run with --update-baseline to record one"))
+    machine = machine_of(cur_ctx)
+    own_file = baseline_path(args.baselines, kind, machine, name)
+    record_cmd = (f"bench/compare.py --update-baseline {name}   "
+                  f"(writes {os.path.relpath(own_file, TOP)}; commit it)")
+    verdict = {"binary": name, "kind": kind, "machine": machine,
+               "machine_description": describe_machine(cur_ctx), "results": results_path}
+
+    if base_results is not None:
+        mode = "ab"
+        base_file, same = base_results, True
+        print(f"\n== {name}: working tree vs {args.base} (A/B, {args.repetitions} interleaved "
+              f"runs each; kind {kind}, {describe_machine(cur_ctx)})")
+    else:
+        base_file, same = find_baseline(args.baselines, kind, machine, name)
+        if base_file is None:
+            mode = "none"
+        else:
+            mode = "baseline" if same else "other-machine baseline"
+        print(f"\n== {name} (kind {kind}, machine {machine}; baseline "
+              f"{os.path.relpath(base_file, TOP) if base_file else 'none'})")
+    base_ctx, base = load_results(base_file) if base_file else ({}, {})
+    if mode == "other-machine baseline":
+        print(f"[compare] the stored baseline was recorded on another machine "
+              f"({describe_machine(base_ctx)}; this one: {describe_machine(cur_ctx)}): "
+              f"differences are shown for information and never fail. Record a baseline for "
+              f"this machine with: {record_cmd}")
+    elif mode == "none" and not args.update_baseline and not args.record_missing:
+        print(f"[compare] no baseline for this machine yet: {record_cmd}")
     for w in check_context(base_ctx, cur_ctx):
-        print(f"[compare] warning: {w}")
+        if mode != "other-machine baseline" or not w.startswith(("cpu_model", "gpu")):
+            print(f"[compare] warning: {w}")
     if args.filter:  # a filtered run is compared with the same part of the baseline
         base = {n: s for n, s in base.items() if matches_filter(args.filter, n)}
     references = parse_references(cur_ctx) or parse_references(base_ctx)
-    rows = compare(base, cur, args.threshold, references)
-    print_table(rows, args.threshold)
+    rows = gating_verdicts(compare(base, cur, args.threshold, references), same)
+    print_table(rows, args.threshold, gating=same)
 
     targets_file = os.path.splitext(results_path)[0] + ".targets.json"
+    targets = []
     if os.path.exists(targets_file):
         with open(targets_file) as f:
             t = json.load(f)
-        met = sum(1 for x in t["targets"] if x["met"])
-        print(f"targets ({t['basis']}): {met} of {len(t['targets'])} met")
-        for x in t["targets"]:
+        targets = t["targets"]
+        met = sum(1 for x in targets if x["met"])
+        print(f"targets ({t['basis']}): {met} of {len(targets)} met")
+        for x in targets:
             if not x["met"]:
                 print(f"  MISSED {x['description']} at {x['bytes']} bytes: {x['value']:.3g} "
                       f"(needs {x['comparison']} {x['bound']:g})")
 
+    charts = []
     if plt is not None and args.charts:
         os.makedirs(args.charts, exist_ok=True)
         tp = os.path.join(args.charts, f"{name}_throughput.png")
-        if chart_throughput(plt, cur, f"{name} on {kind}", tp):
+        if chart_throughput(plt, cur, f"{name} on {kind} ({describe_machine(cur_ctx)})", tp):
             print(f"[compare] chart: {tp}")
-        vb = os.path.join(args.charts, f"{name}_vs_baseline.png")
-        if chart_vs_baseline(plt, rows, args.threshold, f"{name} on {kind} vs baseline", vb):
+            charts.append(tp)
+        vb = os.path.join(args.charts, f"{name}_vs_{'base' if mode == 'ab' else 'baseline'}.png")
+        title = (f"{name}: working tree vs {args.base}" if mode == "ab"
+                 else f"{name} on {kind} vs baseline")
+        if chart_vs_baseline(plt, rows, args.threshold, title, vb):
             print(f"[compare] chart: {vb}")
+            charts.append(vb)
 
     errors = [r[0] for r in rows if r[5] == "error"]
-    if args.update_baseline:
+    slower = [r[0] for r in rows if r[5] == "SLOWER"]
+    families = {}
+    for n, _, _, _, _, v in rows:
+        fam = families.setdefault(family_of(n), {})
+        fam[v] = fam.get(v, 0) + 1
+    verdict.update(mode=mode, base=(args.base if mode == "ab" else
+                                    (os.path.relpath(base_file, TOP) if base_file else None)),
+                   gates=mode in ("ab", "baseline"), slower=slower, errors=errors,
+                   families=families, targets=summarize_targets(targets), charts=charts,
+                   threshold=args.threshold)
+
+    ok = not errors and not slower
+    if args.update_baseline or (args.record_missing and mode == "none"):
         if errors:
             print(f"[compare] not recording a baseline with failed benchmarks: {errors}")
-            return False
-        if cur_ctx.get("reloadsafe_build", "opt") != "opt" and not args.force:
+            ok = False
+        elif cur_ctx.get("reloadsafe_build", "opt") != "opt" and not args.force:
             print("[compare] not recording a baseline from an unoptimised build (--force to "
                   "override)")
-            return False
-        os.makedirs(os.path.dirname(base_file), exist_ok=True)
-        write_baseline(results_path, base_file, merge=bool(args.filter))
-        print(f"[compare] baseline recorded: {os.path.relpath(base_file, TOP)}")
-        return True
-    slower = [r[0] for r in rows if r[5] == "SLOWER"]
-    if slower:
-        print(f"[compare] {len(slower)} benchmark(s) slower than the baseline beyond "
-              f"{args.threshold:.0%}")
-    return not slower and not errors
+            ok = False
+        else:
+            write_baseline(results_path, own_file, merge=bool(args.filter))
+            print(f"[compare] baseline recorded for this machine: "
+                  f"{os.path.relpath(own_file, TOP)} (commit it to keep it)")
+            verdict["recorded"] = os.path.relpath(own_file, TOP)
+            ok = True
+    elif slower:
+        print(f"[compare] {len(slower)} benchmark(s) slower than the "
+              f"{'base' if mode == 'ab' else 'baseline'} beyond {args.threshold:.0%}")
+    verdict["passed"] = ok
+    with open(os.path.join(args.results_dir, f"{name}.verdict.json"), "w") as f:
+        json.dump(verdict, f, indent=1)
+    return ok
+
+
+def run_ab(specs, args, plt):
+    """--base: builds both sides, runs them interleaved, compares each binary
+    of the working tree with the base's. Returns True if all pass."""
+    names = [s for s in specs if not s.endswith(".json")]
+    if len(names) != len(specs) or any(os.sep in s for s in names):
+        sys.exit("[compare] --base takes benchmark names (copy_bench), not paths or results")
+    log = args.log_file
+    where = args.base_dir or default_base_dir()
+    commit = base_worktree(args.base, where, log)
+    print(f"[compare] base: {args.base} = {commit[:12]} in {where}", flush=True)
+    if not args.no_build:
+        build(names, TOP, log)
+        build(names, where, log)
+        stop_bazel(where)
+    ok = True
+    for name in names:
+        sides = {"head": resolve_binary(name, TOP), "base": resolve_binary(name, where)}
+        outputs = {"head": [], "base": []}
+        for i, side in enumerate(interleaved_order(args.repetitions)):
+            outputs[side].append(run_binary(sides[side], args, args.results_dir, repetitions=1,
+                                            tag=f".{side}.{i // 2}"))
+        head = merge_runs(outputs["head"], os.path.join(args.results_dir, f"{name}.json"))
+        base = merge_runs(outputs["base"], os.path.join(args.results_dir, f"{name}.base.json"))
+        for side, out in (("head", head), ("base", base)):
+            merge_targets([os.path.splitext(p)[0] + ".targets.json" for p in outputs[side]],
+                          os.path.splitext(out)[0] + ".targets.json")
+        ok = process(head, args, plt, base_results=base) and ok
+    return ok
 
 
 def main(argv=None):
@@ -518,9 +838,15 @@ def main(argv=None):
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("bench", nargs="+",
                    help="benchmark name (copy_bench), binary path, or results .json")
+    p.add_argument("--base", metavar="GIT_REF",
+                   help="A/B: build this commit's benchmarks in a separate worktree and run them "
+                   "interleaved with the working tree's; gate on the working tree vs it")
+    p.add_argument("--base-dir", help="where the base worktree lives (default: "
+                   "$RELOADSAFE_CACHE/ab-base, kept for the next run)")
     p.add_argument("--kind", help="machine kind of the baseline (default: $RELOADSAFE_BENCH_KIND, "
                    "else the binary's machine_kind)")
-    p.add_argument("--repetitions", type=int, default=5)
+    p.add_argument("--repetitions", type=int, default=5,
+                   help="repetitions (with --base: interleaved runs of each side)")
     p.add_argument("--min-time", type=float, help="seconds per repetition "
                    "(--benchmark_min_time; default Google Benchmark's 0.5)")
     p.add_argument("--filter", help="--benchmark_filter regex")
@@ -530,8 +856,10 @@ def main(argv=None):
     p.add_argument("--threshold", type=float, default=0.25,
                    help="slowdown that fails, as a fraction (default 0.25)")
     p.add_argument("--update-baseline", action="store_true",
-                   help="record the results as the baseline of their kind (with --filter: "
+                   help="record the results as this machine's baseline (with --filter: "
                    "replace only the benchmarks that ran)")
+    p.add_argument("--record-missing", action="store_true",
+                   help="record this machine's baseline if it has none, instead of comparing")
     p.add_argument("--force", action="store_true",
                    help="with --update-baseline: record even an unoptimised build")
     p.add_argument("--baselines", default=DEFAULT_BASELINES, help=argparse.SUPPRESS)
@@ -539,6 +867,7 @@ def main(argv=None):
     p.add_argument("--charts", help="folder for PNG charts (default: the results folder)")
     p.add_argument("--no-charts", action="store_true")
     p.add_argument("--no-build", action="store_true", help="do not run bazel build first")
+    p.add_argument("--log", help="file for the build and benchmark output (default: the terminal)")
     p.epilog = "Arguments after -- go to the benchmark binaries (e.g. -- --reloadsafe_large)."
     argv = list(sys.argv[1:] if argv is None else argv)
     passthrough = []
@@ -547,27 +876,37 @@ def main(argv=None):
         argv, passthrough = argv[:i], argv[i + 1:]
     args = p.parse_args(argv)
     args.binary_args = passthrough
+    if args.base and args.update_baseline:
+        p.error("--base compares two builds; record a baseline without it")
 
-    results_dir = args.results_dir or tempfile.mkdtemp(prefix="reloadsafe_bench_")
-    os.makedirs(results_dir, exist_ok=True)
+    args.results_dir = args.results_dir or tempfile.mkdtemp(prefix="reloadsafe_bench_")
+    os.makedirs(args.results_dir, exist_ok=True)
+    args.log_file = open(args.log, "a") if args.log else None
     if args.no_charts:
         args.charts = None
         plt = None
     else:
-        args.charts = args.charts or results_dir
+        args.charts = args.charts or args.results_dir
         plt = import_pyplot()
         if plt is None:
             print("[compare] matplotlib is not installed: charts skipped "
                   "(pip install matplotlib, or apt-get install python3-matplotlib)")
 
-    ok = True
-    for spec in args.bench:
-        if spec.endswith(".json"):
-            results = spec
-        else:
-            results = run_binary(resolve_binary(spec, not args.no_build), args, results_dir)
-        ok = process(results, args, plt) and ok
-    print(f"\n[compare] results in {results_dir}")
+    if args.base:
+        ok = run_ab(args.bench, args, plt)
+    else:
+        names = [s for s in args.bench
+                 if not s.endswith(".json") and os.sep not in s and not os.path.exists(s)]
+        if names and not args.no_build:
+            build(names, TOP, args.log_file)
+        ok = True
+        for spec in args.bench:
+            if spec.endswith(".json"):
+                results = spec
+            else:
+                results = run_binary(resolve_binary(spec), args, args.results_dir)
+            ok = process(results, args, plt) and ok
+    print(f"\n[compare] results in {args.results_dir}")
     return 0 if ok else 1
 
 

@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare  # noqa: E402
 
 
-def results(times_by_name, kind="testkind", unit="us", error=None, build="opt"):
+def results(times_by_name, kind="testkind", unit="us", error=None, build="opt", cpu=None):
     """Google Benchmark JSON with one iteration entry per repetition."""
     benchmarks = []
     for name, times in times_by_name.items():
@@ -28,9 +28,10 @@ def results(times_by_name, kind="testkind", unit="us", error=None, build="opt"):
         benchmarks.append({"name": name + "_median", "run_name": name, "run_type": "aggregate",
                            "aggregate_name": "median", "real_time": sorted(times)[len(times) // 2],
                            "time_unit": unit})
-    return {"context": {"executable": "/x/fake_bench", "machine_kind": kind,
-                        "reloadsafe_build": build},
-            "benchmarks": benchmarks}
+    context = {"executable": "/x/fake_bench", "machine_kind": kind, "reloadsafe_build": build}
+    if cpu:
+        context["cpu_model"] = cpu
+    return {"context": context, "benchmarks": benchmarks}
 
 
 class ClassifyTest(unittest.TestCase):
@@ -69,6 +70,20 @@ class ClassifyTest(unittest.TestCase):
         self.assertIsNone(compare.limit_of("BM_R/in_place/bytes:32/real_time", refs, stats))
         self.assertIsNone(compare.limit_of("BM_R/memcpy/bytes:8/real_time", refs, stats))
         self.assertTrue(compare.is_limit("BM_R/memcpy/bytes:8/real_time", refs))
+
+    def test_limit_alternatives_take_the_fastest_in_both_runs(self):
+        refs = compare.parse_references({"reloadsafe_references": "BM_R/a/=BM_R/memcpy/|BM_R/stream/"})
+        cur = {"BM_R/memcpy/bytes:8/real_time": compare.Stats("m", [10], []),
+               "BM_R/stream/bytes:8/real_time": compare.Stats("s", [5], []),
+               "BM_R/a/bytes:8/real_time": compare.Stats("a", [12], [])}
+        self.assertEqual(compare.limit_of("BM_R/a/bytes:8/real_time", refs, cur),
+                         "BM_R/stream/bytes:8/real_time")
+        # A base without the streaming limit: the alternative both runs have.
+        base = {"BM_R/memcpy/bytes:8/real_time": None}
+        self.assertEqual(compare.limit_of("BM_R/a/bytes:8/real_time", refs, cur, also_in=base),
+                         "BM_R/memcpy/bytes:8/real_time")
+        self.assertTrue(compare.is_limit("BM_R/stream/bytes:8/real_time", refs))
+        self.assertFalse(compare.is_limit("BM_R/a/bytes:8/real_time", refs))
 
     def test_new_missing_error(self):
         s = self.stats([1])
@@ -117,7 +132,7 @@ class MainTest(unittest.TestCase):
         base = self.write("base.json", results({"BM_A/bytes:8/real_time": [10, 11, 12]}))
         rc, out = self.run_main("--update-baseline", base)
         self.assertEqual(rc, 0, out)
-        recorded = os.path.join(self.baselines, "testkind", "fake_bench.json")
+        recorded = os.path.join(self.baselines, "testkind", "unknown-cpu", "fake_bench.json")
         self.assertTrue(os.path.exists(recorded))
 
         same = self.write("same.json", results({"BM_A/bytes:8/real_time": [10, 12, 13]}))
@@ -132,13 +147,13 @@ class MainTest(unittest.TestCase):
     def test_kind_from_flag_and_env(self):
         base = self.write("base.json", results({"BM_A/real_time": [1]}))
         self.run_main("--kind", "other", "--update-baseline", base)
-        self.assertTrue(os.path.exists(os.path.join(self.baselines, "other", "fake_bench.json")))
+        self.assertTrue(os.path.exists(os.path.join(self.baselines, "other", "unknown-cpu", "fake_bench.json")))
         os.environ["RELOADSAFE_BENCH_KIND"] = "fromenv"
         try:
             self.run_main("--update-baseline", base)
         finally:
             del os.environ["RELOADSAFE_BENCH_KIND"]
-        self.assertTrue(os.path.exists(os.path.join(self.baselines, "fromenv", "fake_bench.json")))
+        self.assertTrue(os.path.exists(os.path.join(self.baselines, "fromenv", "unknown-cpu", "fake_bench.json")))
 
     def test_machine_slowdown_does_not_fail(self):
         def run(code, limit):
@@ -189,9 +204,176 @@ class MainTest(unittest.TestCase):
         rc, out = self.run_main("--filter", "BM_B", part)
         self.assertNotIn("missing", out)  # BM_A was filtered out, not lost
         self.run_main("--update-baseline", "--filter", "BM_B", part)
-        _, stats = compare.load_results(os.path.join(self.baselines, "testkind", "fake_bench.json"))
+        _, stats = compare.load_results(os.path.join(self.baselines, "testkind", "unknown-cpu", "fake_bench.json"))
         self.assertEqual(stats["BM_A/real_time"].median, 1000)  # us -> ns, kept
         self.assertEqual(stats["BM_B/real_time"].median, 5000)  # replaced
+
+
+class MachineTest(unittest.TestCase):
+    def test_machine_of(self):
+        cases = [
+            ({"cpu_model": "AMD EPYC"}, "amd-epyc"),
+            ({"cpu_model": "Intel(R) Xeon(R) CPU @ 2.20GHz"}, "intel-r-xeon-r-cpu-2-20ghz"),
+            ({"cpu_model": "AMD EPYC", "gpu": "none (no driver)"}, "amd-epyc"),
+            ({"cpu_model": "AMD EPYC", "gpu": "NVIDIA H200", "gpu_driver": "580"},
+             "amd-epyc__nvidia-h200"),
+            ({}, "unknown-cpu"),
+        ]
+        for ctx, want in cases:
+            with self.subTest(want):
+                self.assertEqual(compare.machine_of(ctx), want)
+
+
+class MachineBaselineTest(MainTest.__bases__[0]):
+    """Stored baselines are keyed by machine; only the same machine gates."""
+
+    setUp = MainTest.setUp
+    write = MainTest.write
+    run_main = MainTest.run_main
+
+    def test_other_cpu_informs_never_fails(self):
+        self.run_main("--update-baseline",
+                      self.write("amd.json", results({"BM_A/bytes:8/real_time": [10, 11, 12]},
+                                                     cpu="AMD EPYC")))
+        self.assertTrue(os.path.exists(
+            os.path.join(self.baselines, "testkind", "amd-epyc", "fake_bench.json")))
+        slow = results({"BM_A/bytes:8/real_time": [30, 31, 32]}, cpu="Intel Xeon")
+        rc, out = self.run_main(self.write("intel.json", slow))
+        self.assertEqual(rc, 0, out)
+        self.assertIn("differs", out)
+        self.assertNotIn("SLOWER", out)
+        self.assertIn("--update-baseline", out)  # says how to record one for this machine
+        with open(os.path.join(self.dir, "fake_bench.verdict.json")) as f:
+            v = json.load(f)
+        self.assertEqual(v["mode"], "other-machine baseline")
+        self.assertFalse(v["gates"])
+        # The same slowdown on the machine the baseline came from fails.
+        rc, out = self.run_main(self.write("amd2.json", results(
+            {"BM_A/bytes:8/real_time": [30, 31, 32]}, cpu="AMD EPYC")))
+        self.assertEqual(rc, 1, out)
+        self.assertIn("SLOWER", out)
+
+    def test_record_missing(self):
+        data = self.write("x.json", results({"BM_A/real_time": [1]}, cpu="Intel Xeon"))
+        rc, out = self.run_main("--record-missing", data)
+        self.assertEqual(rc, 0, out)
+        path = os.path.join(self.baselines, "testkind", "intel-xeon", "fake_bench.json")
+        self.assertTrue(os.path.exists(path))
+        with open(os.path.join(self.dir, "fake_bench.verdict.json")) as f:
+            self.assertIn("recorded", json.load(f))
+        # Once there, --record-missing compares (and gates) instead.
+        slow = self.write("y.json", results({"BM_A/real_time": [5, 5, 5]}, cpu="Intel Xeon"))
+        rc, out = self.run_main("--record-missing", slow)
+        self.assertEqual(rc, 1, out)
+
+    def test_legacy_layout_counts_as_its_own_machine(self):
+        os.makedirs(os.path.join(self.baselines, "testkind"))
+        with open(os.path.join(self.baselines, "testkind", "fake_bench.json"), "w") as f:
+            json.dump(results({"BM_A/real_time": [1, 1, 1]}, cpu="AMD EPYC"), f)
+        slow = results({"BM_A/real_time": [5, 5, 5]}, cpu="AMD EPYC")
+        self.assertEqual(self.run_main(self.write("s.json", slow))[0], 1)
+        other = results({"BM_A/real_time": [5, 5, 5]}, cpu="Intel Xeon")
+        self.assertEqual(self.run_main(self.write("o.json", other))[0], 0)
+
+
+class InterleaveTest(unittest.TestCase):
+    def test_abba(self):
+        self.assertEqual(compare.interleaved_order(3),
+                         ["base", "head", "head", "base", "base", "head"])
+
+    def test_merge_runs_and_targets(self):
+        d = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        paths, tpaths = [], []
+        for i, (t, ratio) in enumerate([(10, 0.8), (12, 0.95), (11, 0.92)]):
+            p = os.path.join(d, f"r{i}.json")
+            with open(p, "w") as f:
+                json.dump(results({"BM_A/bytes:8/real_time": [t]}), f)
+            paths.append(p)
+            tp = os.path.join(d, f"r{i}.targets.json")
+            with open(tp, "w") as f:
+                json.dump({"basis": "one run", "targets": [
+                    {"description": "a / limit", "bytes": 8, "value": ratio, "bound": 0.9,
+                     "comparison": ">=", "met": ratio >= 0.9, "benchmark": "BM_A"}]}, f)
+            tpaths.append(tp)
+        merged = compare.merge_runs(paths, os.path.join(d, "m.json"))
+        _, stats = compare.load_results(merged)
+        self.assertEqual(stats["BM_A/bytes:8/real_time"].times, [10000, 11000, 12000])
+        compare.merge_targets(tpaths, os.path.join(d, "m.targets.json"))
+        with open(os.path.join(d, "m.targets.json")) as f:
+            t = json.load(f)["targets"]
+        self.assertEqual(len(t), 1)
+        self.assertAlmostEqual(t[0]["value"], 0.92)  # the median of the runs' ratios
+        self.assertTrue(t[0]["met"])
+        self.assertEqual(t[0]["runs"], 3)
+
+
+class ABTest(unittest.TestCase):
+    """--base with the build and the binaries replaced by canned results."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        self.saved = {n: getattr(compare, n) for n in
+                      ("base_worktree", "build", "resolve_binary", "run_binary", "stop_bazel")}
+        compare.stop_bazel = lambda cwd: None
+        self.calls = []
+        compare.base_worktree = lambda ref, where, log: "0" * 40
+        compare.build = lambda names, cwd, log: None
+        compare.resolve_binary = lambda name, cwd=compare.TOP: os.path.join(
+            "/base" if cwd != compare.TOP else "/head", name)
+
+    def tearDown(self):
+        for n, f in self.saved.items():
+            setattr(compare, n, f)
+
+    def fake_runs(self, times):
+        """run_binary writing `times[side]` (a list, one per call) as the results."""
+        counters = {"head": 0, "base": 0}
+
+        def run(binary, args, results_dir, repetitions=None, tag=""):
+            side = "base" if binary.startswith("/base") else "head"
+            self.calls.append(side)
+            t = times[side][counters[side] % len(times[side])]
+            counters[side] += 1
+            data = results({"BM_A/bytes:8/real_time": [t], "BM_L/bytes:8/real_time": [5]})
+            data["context"]["executable"] = binary
+            data["context"]["reloadsafe_references"] = "BM_A/=BM_L/"
+            out = os.path.join(results_dir, os.path.basename(binary) + tag + ".json")
+            with open(out, "w") as f:
+                json.dump(data, f)
+            return out
+        compare.run_binary = run
+
+    def run_main(self, *argv):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rc = compare.main(["--no-charts", "--results-dir", self.dir,
+                               "--baselines", os.path.join(self.dir, "none"), *argv])
+        return rc, out.getvalue()
+
+    def test_head_slower_than_base_fails(self):
+        self.fake_runs({"head": [20, 21, 22], "base": [10, 11, 12]})
+        rc, out = self.run_main("--base", "main", "--repetitions", "3", "fake_bench")
+        self.assertEqual(rc, 1, out)
+        self.assertIn("SLOWER", out)
+        self.assertEqual(self.calls, ["base", "head", "head", "base", "base", "head"])
+        with open(os.path.join(self.dir, "fake_bench.verdict.json")) as f:
+            v = json.load(f)
+        self.assertEqual(v["mode"], "ab")
+        self.assertTrue(v["gates"])
+        self.assertEqual(v["slower"], ["BM_A/bytes:8/real_time"])
+        _, merged = compare.load_results(os.path.join(self.dir, "fake_bench.json"))
+        self.assertEqual(len(merged["BM_A/bytes:8/real_time"].times), 3)
+
+    def test_same_speed_passes_and_no_baseline_is_needed(self):
+        self.fake_runs({"head": [10, 11, 12], "base": [11, 10, 12]})
+        rc, out = self.run_main("--base", "main", "--repetitions", "4", "fake_bench")
+        self.assertEqual(rc, 0, out)
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "none")))
+
+    def test_ranges_overlapping_pass(self):
+        self.fake_runs({"head": [10, 30, 31], "base": [11, 12, 29]})
+        rc, out = self.run_main("--base", "main", "--repetitions", "3", "fake_bench")
+        self.assertEqual(rc, 0, out)
 
 
 if __name__ == "__main__":
