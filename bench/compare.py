@@ -438,7 +438,7 @@ def bazel_bin(cwd):
     symlink follows the last command's configuration)."""
     try:
         return subprocess.run(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=cwd, check=True,
-                              capture_output=True, text=True).stdout.strip()
+                              capture_output=True, text=True, env=shell_env()).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return os.path.join(cwd, "bazel-bin")
 
@@ -451,7 +451,22 @@ def build(names, cwd, log):
     targets = [f"//bench:{n}" for n in names]
     print(f"[compare] bazel build -c opt {' '.join(targets)} (in {cwd})", flush=True)
     subprocess.run(["bazel", "build", "-c", "opt", *targets], cwd=cwd, check=True,
-                   stdout=log, stderr=subprocess.STDOUT if log else None)
+                   env=shell_env(), stdout=log, stderr=subprocess.STDOUT if log else None)
+
+
+def shell_env():
+    """The environment of the shell that started this script. pyenv's python3
+    wrapper puts its own folders in front of PATH; Bazel passes PATH to the
+    compile actions, so a different PATH would miss every cached action built
+    from the shell."""
+    env = dict(os.environ)
+    root = env.get("PYENV_ROOT")
+    if root:
+        parts = env.get("PATH", "").split(os.pathsep)
+        while parts and parts[0].startswith(root + os.sep) and not parts[0].endswith("shims"):
+            parts.pop(0)
+        env["PATH"] = os.pathsep.join(parts)
+    return env
 
 
 def stop_bazel(cwd):

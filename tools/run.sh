@@ -2,18 +2,36 @@
 # README's main-job command: set-up, then the whole battery, with a report
 # (Markdown, JSON, PNG charts) in the folder named at the end.
 #
-#   tools/run.sh [--quick]      --quick: fewer reloads and benchmark repetitions
+#   tools/run.sh [--quick] [--base GIT_REF]
+#     --quick  fewer reloads and benchmark repetitions
+#     --base   benchmarks A/B against that commit, in the same run (the CI
+#              regression check; also $RELOADSAFE_BENCH_BASE). Without it, the
+#              benchmarks are compared with this machine's stored baseline, or
+#              one is recorded for it when it has none.
+#
+# Exit status: 1 if a test or the harness failed, or a benchmark regressed in
+# a comparison that gates (A/B, or this machine's own baseline). Differences
+# from another machine's baseline are reported as information only.
 #
 #   1. tests: utilities, golden conformance cases, hostile inputs, fuzz properties
 #   2. the reload harness over every registered backend (normal and direct reload)
 #   3. the GPU tests (or why they were skipped)
-#   4. the benchmarks against their limits and the committed baseline
+#   4. the benchmarks against their limits, and A/B or the stored baseline
 #   5. the report
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 reloads=50
 repetitions=5
-[ "${1:-}" = "--quick" ] && { reloads=10; repetitions=2; }
+base="${RELOADSAFE_BENCH_BASE:-}"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) reloads=10; repetitions=2 ;;
+    --base) base="$2"; shift ;;
+    --base=*) base="${1#--base=}" ;;
+    *) echo "usage: tools/run.sh [--quick] [--base GIT_REF]" >&2; exit 2 ;;
+  esac
+  shift
+done
 tools/setup.sh || exit 1
 out="$PWD/reports/$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$out/bench"
@@ -30,9 +48,17 @@ bazel run //conformance/harness:reload_harness -- --reloads "$reloads" --json "$
 step "3/5 GPU tests (they skip, with the reason, where no GPU is visible)"
 bazel test --config=gpu //... || status=1
 
-step "4/5 benchmarks: $repetitions repetitions each, against bench/baselines/"
+if [ -n "$base" ]; then
+  against=(--base "$base"); what="A/B against $base"
+else
+  against=(--record-missing); what="against the stored baseline of this machine"
+fi
+step "4/5 benchmarks: $repetitions repetitions each, $what"
+# Tables to compare.txt, build and benchmark output to bench.log (the report
+# links both and embeds neither).
 python3 bench/compare.py --repetitions "$repetitions" --results-dir "$out/bench" --charts "$out" \
-  copy_bench replace_bench 2>&1 | tee "$out/bench/compare.txt"
+  --log "$out/bench/bench.log" "${against[@]}" copy_bench replace_bench 2>&1 \
+  | tee "$out/bench/compare.txt"
 echo "${PIPESTATUS[0]}" > "$out/bench/compare.rc"
 
 step "5/5 report"
