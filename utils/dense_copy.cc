@@ -10,7 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
+#include <ctime>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -87,6 +87,23 @@ void copy_chunk(uint8_t* d, const uint8_t* s, size_t n, bool stream) {
   std::memcpy(d, s, n);
 }
 
+// Calls f(begin, end) for the byte ranges one copy of n bytes is split into:
+// one range on the calling thread when the copy is small or LibTorch has one
+// thread, else cache-line-aligned chunks of at least kGrainBytes over
+// LibTorch's threads.
+template <class F>
+void for_each_chunk(size_t n, F&& f) {
+  const auto bytes = static_cast<int64_t>(n);
+  if (bytes < 2 * kGrainBytes || at::get_num_threads() == 1) {
+    f(int64_t{0}, bytes);
+    return;
+  }
+  const int64_t blocks = (bytes + kBlock - 1) / kBlock;
+  at::parallel_for(0, blocks, kGrainBytes / kBlock, [&](int64_t b, int64_t e) {
+    f(b * kBlock, std::min(e * kBlock, bytes));
+  });
+}
+
 // Note [Crossover calibration]
 // Streaming stores bypass the cache: they lose while source and destination
 // fit in it (the next reader finds nothing cached, and cached stores are
@@ -94,13 +111,18 @@ void copy_chunk(uint8_t* d, const uint8_t* s, size_t n, bool stream) {
 // no eviction traffic). Where that happens depends on the cache sizes, the
 // memory system and the number of threads copying, so it is measured, not
 // assumed: both ways, through the same parallel split dense_copy_ uses, at
-// sizes doubling from 256 KiB to 128 MiB. Each way runs in a block of three
+// sizes doubling from 256 KiB to 128 MiB. Each way runs in blocks of
 // back-to-back copies (as the benchmarks' limits do: alternating single
 // copies would leave the destination evicted by the streaming copy before
-// every memcpy), two blocks each, keeping each way's fastest copy: load from
-// other processes only ever adds time. The crossover is the first size from
-// which streaming is at least 5% faster at two consecutive sizes (measuring
-// stops there); never, if that does not happen.
+// every memcpy), at least three copies and 16 MiB per block after an untimed
+// first one, two blocks each way, keeping each way's faster block mean: load
+// from other processes only adds time. Time is each chunk's thread CPU time
+// (seconds_of), which preemption does not inflate. The crossover is the first
+// size from which streaming is at least 5% faster at three consecutive sizes
+// (measuring stops there); never, if that does not happen. Under heavy load
+// from other processes (cache thrashing, not only preemption) the result
+// still moves between runs: see bench/README.md.
+
 // Per thread count: 0 not measured yet, -1 never, else the crossover in
 // bytes (zero-initialised: static storage).
 constexpr int kMaxThreads = 512;
@@ -111,11 +133,39 @@ struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
 };
 
-double seconds_of(void* d, const void* s, size_t n, bool stream) {
-  const auto t0 = std::chrono::steady_clock::now();
-  parallel_copy_bytes(d, s, n, stream);
-  const auto t1 = std::chrono::steady_clock::now();
-  return std::chrono::duration<double>(t1 - t0).count();
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// The copy's critical path: the slowest chunk of the same split
+// parallel_copy_bytes makes, each timed with its own thread's CPU clock, so
+// that time a thread spends preempted by other processes (on a shared
+// machine, most of a wall-clock measurement) does not count.
+double seconds_of(uint8_t* d, const uint8_t* s, size_t n, bool stream) {
+  std::mutex m;
+  double slowest = 0;
+  for_each_chunk(n, [&](int64_t begin, int64_t end) {
+    const double t0 = thread_cpu_seconds();
+    copy_chunk(d + begin, s + begin, static_cast<size_t>(end - begin), stream);
+    const double dt = thread_cpu_seconds() - t0;
+    std::lock_guard<std::mutex> lock(m);
+    slowest = std::max(slowest, dt);
+  });
+  return slowest;
+}
+
+// Bytes copied per timed block at least (many copies of a small size).
+constexpr size_t kBlockBytes = size_t{16} << 20;
+
+// A block of `reps` back-to-back copies, the first untimed (it finds the
+// cache as the other way left it); the mean of the others.
+double block_seconds(uint8_t* d, const uint8_t* s, size_t n, bool stream, int reps) {
+  seconds_of(d, s, n, stream);
+  double total = 0;
+  for (int i = 0; i < reps; ++i) total += seconds_of(d, s, n, stream);
+  return total / reps;
 }
 
 int64_t measure_crossover() {
@@ -126,6 +176,7 @@ int64_t measure_crossover() {
   if (!src || !dst) return kNever;  // no memory to measure with: keep copy_'s behaviour
   size_t touched = 0;
   int64_t first_win = kNever;
+  int wins = 0;
   for (size_t n = kFirstCandidate; n <= kLast; n *= 2) {
     if (n > touched) {  // fault the new part in, outside the timing
       std::memset(src.get() + touched, 1, n - touched);
@@ -134,17 +185,19 @@ int64_t measure_crossover() {
     }
     double cached = std::numeric_limits<double>::infinity();
     double streamed = cached;
+    // Small sizes copy many times per block, so that each block's total
+    // (the measurement) is long enough not to hinge on one time slice.
+    const int reps = static_cast<int>(std::max<size_t>(3, kBlockBytes / n));
     for (int round = 0; round < 2; ++round) {
-      for (int rep = 0; rep < 3; ++rep) {
-        cached = std::min(cached, seconds_of(dst.get(), src.get(), n, false));
-      }
-      for (int rep = 0; rep < 3; ++rep) {
-        streamed = std::min(streamed, seconds_of(dst.get(), src.get(), n, true));
-      }
+      cached = std::min(cached, block_seconds(dst.get(), src.get(), n, false, reps));
+      streamed = std::min(streamed, block_seconds(dst.get(), src.get(), n, true, reps));
     }
     if (streamed < 0.95 * cached) {
-      if (first_win != kNever) return first_win;
-      first_win = static_cast<int64_t>(n);
+      if (first_win == kNever) {
+        first_win = static_cast<int64_t>(n);
+        wins = 0;
+      }
+      if (++wins == 3) return first_win;
     } else {
       first_win = kNever;
     }
@@ -180,15 +233,7 @@ void stream_copy_bytes(void* dst, const void* src, size_t n) {
 void parallel_copy_bytes(void* dst, const void* src, size_t n, bool stream) {
   auto* d = static_cast<uint8_t*>(dst);
   const auto* s = static_cast<const uint8_t*>(src);
-  const auto bytes = static_cast<int64_t>(n);
-  if (bytes < 2 * kGrainBytes || at::get_num_threads() == 1) {
-    copy_chunk(d, s, n, stream);
-    return;
-  }
-  const int64_t blocks = (bytes + kBlock - 1) / kBlock;
-  at::parallel_for(0, blocks, kGrainBytes / kBlock, [&](int64_t b, int64_t e) {
-    const int64_t begin = b * kBlock;
-    const int64_t end = std::min(e * kBlock, bytes);
+  for_each_chunk(n, [&](int64_t begin, int64_t end) {
     copy_chunk(d + begin, s + begin, static_cast<size_t>(end - begin), stream);
   });
 }
