@@ -13,7 +13,8 @@
 # a comparison that gates (A/B, or this machine's own baseline). Differences
 # from another machine's baseline are reported as information only.
 #
-#   1. tests: utilities, golden conformance cases, hostile inputs, fuzz properties
+#   1. tests: utilities, golden conformance cases, hostile inputs, fuzz properties,
+#      the Python package (pytest)
 #   2. the reload harness over every registered backend (normal and direct reload)
 #   3. the GPU tests (or why they were skipped)
 #   4. the benchmarks against their limits, and A/B or the stored baseline
@@ -38,8 +39,9 @@ mkdir -p "$out/bench"
 status=0
 step() { printf '\n[run] %s\n' "$*"; }
 
-step "1/5 tests: utils, conformance, golden cases, fuzz properties"
+step "1/5 tests: utils, conformance, golden cases, fuzz properties, the Python package"
 bazel test //utils/... //conformance/... //fuzz/... || status=1
+tools/pytest.sh "$out/python.xml" || status=1
 
 step "2/5 reload harness: every registered backend, $reloads reloads per mode"
 bazel run //conformance/harness:reload_harness -- --reloads "$reloads" --json "$out/harness.json" \

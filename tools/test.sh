@@ -16,7 +16,6 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 tools/setup.sh
-VENV="${RELOADSAFE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/reloadsafe}/venv"
 status=0
 echo "[test] bazel test //... $*"
 bazel test "$@" //... || status=$?
@@ -26,11 +25,6 @@ testlogs="$(readlink -f bazel-testlogs)"  # the folder of the configuration just
 echo "[test] python: bazel build //python:package, then pytest python/tests"
 pytest_xml="$(mktemp -d)/pytest.xml"
 trap 'rm -rf "$(dirname "$pytest_xml")"' EXIT
-if bazel build //python:package; then
-  PYTHONPATH="$(bazel info bazel-bin)/python/package_site" \
-    "$VENV/bin/python" -m pytest -q -p no:cacheprovider python/tests --junitxml="$pytest_xml" || status=$?
-else
-  status=1
-fi
+tools/pytest.sh "$pytest_xml" || status=$?
 tools/summarize_tests.py --pytest-xml "python=$pytest_xml" "$testlogs" || status=$?
 exit $status
