@@ -325,9 +325,9 @@ void adopt_new_objects(const Model& m, Sut& sut) {
 }
 
 std::optional<std::string> string_attr(const at::Tensor& t, const std::string& key) {
-  const AttrValue* v = find_attr(t, key);
-  if (v == nullptr) return std::nullopt;
-  const auto* s = std::get_if<std::string>(v);
+  const std::optional<AttrValue> v = find_attr(t, key);
+  if (!v) return std::nullopt;
+  const auto* s = std::get_if<std::string>(&*v);
   return s ? std::optional<std::string>(*s) : std::optional<std::string>("<not a string>");
 }
 
@@ -380,8 +380,8 @@ void check_system(const Model& m, Sut& sut) {
       RC_ASSERT(attr_truthy(obj, "retired") == o.retired);
       const std::optional<std::string> runtime = string_attr(obj, "runtime_name");
       RC_ASSERT(runtime.value_or("") == o.runtime_name);
-      const AttrValue* shuffled = find_attr(obj, "is_shuffled");
-      RC_ASSERT((shuffled == nullptr ? -1 : truthy(*shuffled) ? 1 : 0) == o.shuffled);
+      const std::optional<AttrValue> shuffled = find_attr(obj, "is_shuffled");
+      RC_ASSERT((!shuffled ? -1 : truthy(*shuffled) ? 1 : 0) == o.shuffled);
     }
   }
   for (const auto& [sid, bytes] : m.storages) {
@@ -549,10 +549,12 @@ struct RefillDerived : ModelledCommand {
       const ObjectModel& o = m.objects.at(oid);
       const Layout& fresh = tensor->layout;
       if (o.layout.shape == fresh.shape && o.layout.dtype == fresh.dtype) {
-        const bool owns = o.layout.offset == 0 &&
-                          o.layout.span() * o.layout.itemsize() ==
-                              static_cast<int64_t>(m.storages.at(o.sid).size()) &&
-                          o.layout.span() >= o.layout.numel();
+        // An empty held tensor writes nothing, so it counts as owning it.
+        const bool owns = o.layout.numel() == 0 ||
+                          (o.layout.offset == 0 &&
+                           o.layout.span() * o.layout.itemsize() ==
+                               static_cast<int64_t>(m.storages.at(o.sid).size()) &&
+                           o.layout.span() >= o.layout.numel());
         if (!owns) return false;
         m.write(o.sid, 0, o.layout, m.read(sid, fresh.offset * fresh.itemsize(), fresh));
         ++m.events["refilled in place"];

@@ -289,9 +289,14 @@ void replace_parameter_property(const ReplaceFn& impl, const ReplaceRules& rules
   for (const auto& [key, value] : described_attrs(c.new_attrs)) {
     if (is_carried(key)) expected_attrs[key] = value;
   }
-  if (!keep && old_obj.defined() && c.old_attrs.count("weight_loader") != 0) {
-    expected_attrs["weight_loader"] =
-        describe(attr_value("weight_loader", c.old_attrs.at("weight_loader")));
+  // A new parameter inherits old's loader: `weight_loader`, else the
+  // `_weight_loader` field behind vLLM parameters' property of that name.
+  if (!keep && old_obj.defined()) {
+    for (const char* key : {"weight_loader", "_weight_loader"}) {
+      if (c.old_attrs.count(key) == 0) continue;
+      expected_attrs["weight_loader"] = describe(attr_value(key, c.old_attrs.at(key)));
+      break;
+    }
   }
   RC_ASSERT(described_attrs(held) == expected_attrs);
 
@@ -344,7 +349,7 @@ TEST(ReplaceParameterMutants, CarryingTheNewWeightLoaderIsCaught) {
   expect_caught([] {
     replace_parameter_property([](Layer& layer, const std::string& name, const at::Tensor& t) {
       replace_parameter(layer, name, t);
-      if (const AttrValue* loader = t.defined() ? find_attr(t, "weight_loader") : nullptr) {
+      if (const std::optional<AttrValue> loader = find_attr(t, "weight_loader")) {
         set_attr(layer.get(name), "weight_loader", *loader);
       }
     });
@@ -453,8 +458,10 @@ void refill_derived_property(const RefillFn& impl) {
   const bool refused_kind = c.held == Held::kParameter || c.held == Held::kBuffer;
   const bool same_kind = old_obj.defined() && !c.new_none && f.old.shape == f.fresh.shape &&
                          f.old.dtype == f.fresh.dtype && f.old_meta == f.fresh_meta;
-  const bool owns = f.old.offset == 0 && f.old.span() * f.old.itemsize() == f.storage_nbytes() &&
-                    f.old.span() >= f.old.numel();
+  // An empty held tensor writes nothing, so it counts as owning its storage.
+  const bool owns = f.old.numel() == 0 ||
+                    (f.old.offset == 0 && f.old.span() * f.old.itemsize() == f.storage_nbytes() &&
+                     f.old.span() >= f.old.numel());
   const bool refill = !refused_kind && same_kind && owns;
   const bool must_throw = refused_kind || (same_kind && !owns) ||
                           (refill && f.old.expanded() && f.old.numel() > 0 && !f.old_meta);

@@ -29,8 +29,10 @@ namespace reloadsafe {
 at::Tensor& copy_weight_(at::Tensor& dst, const at::Tensor& src);
 
 /// `_is_integrated_gpu(device)`: true for a CUDA device whose properties say
-/// it is integrated (cudaDevAttrIntegrated); false for every other device.
-/// A ScopedIntegratedGpuOverride on this thread takes precedence.
+/// it is integrated (cudaDevAttrIntegrated); false for every other device,
+/// and false when the CUDA runtime cannot be loaded or cannot answer (so
+/// copy_weight_ is a plain copy there). Never throws. A
+/// ScopedIntegratedGpuOverride on this thread takes precedence.
 bool is_integrated_gpu(const c10::Device& device);
 
 /// Forces is_integrated_gpu() to `integrated` for every device on this thread

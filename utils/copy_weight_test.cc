@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <string>
 #include <vector>
 
 namespace reloadsafe {
@@ -51,6 +52,20 @@ TEST(IsIntegratedGpu, FalseOffCudaAndForceable) {
     EXPECT_TRUE(is_integrated_gpu(c10::Device(c10::kCPU)));
   }
   EXPECT_FALSE(is_integrated_gpu(c10::Device(c10::kCPU)));
+}
+
+// Where the CUDA runtime cannot be loaded, or cannot answer (no device with
+// that index), the question answers false and copy_weight_ is a plain copy;
+// it never throws. On a machine with a discrete GPU the answer is false too.
+TEST(IsIntegratedGpu, NoRuntimeOrNoDeviceAnswersFalseWithoutThrowing) {
+  for (const char* device : {"cuda", "cuda:0", "cuda:7"}) {
+    SCOPED_TRACE(device);
+    bool integrated = true;
+    EXPECT_NO_THROW(integrated = is_integrated_gpu(c10::Device(device)));
+    if (std::string(device) == "cuda:7") {
+      EXPECT_FALSE(integrated);
+    }
+  }
 }
 
 TEST(CopyWeight, ForcedIntegratedTouchesEveryPageTheSourceSpansAndNoOther) {

@@ -27,12 +27,7 @@ SlotKind Layer::kind(const std::string& name) const {
 at::Tensor Layer::get(const std::string& name) const {
   auto it = attributes_.find(name);
   if (it != attributes_.end()) return it->second;
-  if (const at::Tensor* p = parameters_.find(name)) {
-    // A tensor registered through Module::register_parameter is a parameter
-    // too; mark it the first time the utilities see it.
-    if (p->defined() && !is_parameter(*p)) mark_parameter(*p);
-    return *p;
-  }
+  if (const at::Tensor* p = parameters_.find(name)) return *p;
   auto buffers = named_buffers(/*recurse=*/false);
   if (const at::Tensor* b = buffers.find(name)) return *b;
   return at::Tensor();
@@ -55,6 +50,13 @@ void Layer::register_param(const std::string& name, const at::Tensor& param) {
   } else {
     parameters_.insert(name, param);
   }
+}
+
+at::Tensor& Layer::register_parameter(std::string name, at::Tensor tensor, bool requires_grad) {
+  at::Tensor& registered =
+      torch::nn::Module::register_parameter(std::move(name), std::move(tensor), requires_grad);
+  if (registered.defined()) mark_parameter(registered);
+  return registered;
 }
 
 void Layer::set(const std::string& name, const at::Tensor& value) {
@@ -87,7 +89,6 @@ std::vector<std::pair<std::string, at::Tensor>> Layer::parameter_slots() const {
   std::vector<std::pair<std::string, at::Tensor>> slots;
   slots.reserve(parameters_.size());
   for (const auto& item : parameters_) {
-    if (item.value().defined() && !is_parameter(item.value())) mark_parameter(item.value());
     slots.emplace_back(item.key(), item.value());
   }
   return slots;

@@ -68,9 +68,10 @@ class Layer : public torch::nn::Module {
   /// counts).
   bool has(const std::string& name) const { return kind(name) != SlotKind::kAbsent; }
 
-  /// `getattr(layer, name, None)` for tensors: the parameter (marked as one),
-  /// buffer or plain attribute under `name`; an undefined tensor for None,
-  /// for an absent name and for a submodule.
+  /// `getattr(layer, name, None)` for tensors: the parameter, buffer or plain
+  /// attribute under `name`; an undefined tensor for None, for an absent name
+  /// and for a submodule. Reads only: it changes nothing, not even the
+  /// attribute table.
   at::Tensor get(const std::string& name) const;
 
   /// `setattr(layer, name, value)`, by Python's nn.Module rules:
@@ -88,6 +89,14 @@ class Layer : public torch::nn::Module {
   /// by a buffer, submodule or plain attribute. Re-registering a parameter
   /// name rebinds it.
   void register_param(const std::string& name, const at::Tensor& param);
+
+  /// LibTorch's `Module::register_parameter`, hidden so that a parameter a
+  /// backend registers through LibTorch's own API (in the constructor of a
+  /// class derived from Layer) is marked as a parameter when it is
+  /// registered. Same arguments, result and errors as the Module's. (Called
+  /// through a `torch::nn::Module&`, the Module's own method runs and the
+  /// tensor is not marked: register parameters on the Layer.)
+  at::Tensor& register_parameter(std::string name, at::Tensor tensor, bool requires_grad = true);
 
   /// Every parameter slot in registration order, None included, aliases
   /// listed under each of their names (`layer._parameters.items()`).

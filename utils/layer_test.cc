@@ -85,6 +85,22 @@ TEST(Layer, UserModuleRegisteredThroughLibTorchWorksWithTheUtilities) {
   EXPECT_EQ(kernel_parameters(m).size(), 1u);
 }
 
+// Parameters are marked when they are registered; reading a layer (get,
+// parameter_slots) never writes the attribute table.
+TEST(Layer, RegistrationMarksAndReadingChangesNothing) {
+  UserModule m;
+  EXPECT_TRUE(is_parameter(m.weight));  // marked by register_parameter itself
+  Layer layer;
+  at::Tensor plain = at::zeros({2});
+  layer.set_attribute("plain", plain);
+  const size_t before = detail::attr_table_size();
+  const Layer& reader = layer;
+  EXPECT_TRUE(reader.get("plain").is_same(plain));
+  EXPECT_TRUE(reader.parameter_slots().empty());
+  EXPECT_FALSE(is_parameter(reader.get("plain")));
+  EXPECT_EQ(detail::attr_table_size(), before);
+}
+
 TEST(GetMoeExpertMapping, FirstModuleWithTheMethod) {
   auto model = std::make_shared<Layer>("Model");
   auto dense = std::make_shared<Layer>("Dense");

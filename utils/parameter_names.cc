@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <optional>
 #include <unordered_map>
 
 namespace reloadsafe {
@@ -34,8 +35,8 @@ std::vector<std::pair<std::string, at::Tensor>> kernel_parameters(const Layer& l
       params.emplace_back(name, param);
       continue;
     }
-    const AttrValue* runtime = find_attr(param, "runtime_name");
-    const auto* runtime_name = runtime ? std::get_if<std::string>(runtime) : nullptr;
+    const std::optional<AttrValue> runtime = find_attr(param, "runtime_name");
+    const auto* runtime_name = runtime ? std::get_if<std::string>(&*runtime) : nullptr;
     if (runtime_name != nullptr && *runtime_name == name) {
       const std::string first = it->second;
       params.erase(std::find_if(params.begin(), params.end(),
@@ -65,9 +66,16 @@ void move_parameter(Layer& layer, const std::string& src_name, const std::string
 
 void retire_parameter(Layer& layer, const std::string& name) {
   TORCH_CHECK(layer.has(name), "retire_parameter: the layer has no attribute '", name, "'");
+  // Decision: a submodule is refused. The reference sets `retired` on
+  // whatever the name holds, a module included, where no utility ever reads
+  // it (they read parameters); a call on a submodule is a caller's mistake
+  // that the port reports instead of silently accepting.
+  TORCH_CHECK(layer.kind(name) != SlotKind::kSubmodule, "retire_parameter: '", name,
+              "' is a submodule; retire the parameters inside it (retire_parameter on the "
+              "submodule's layer) instead");
   at::Tensor tensor = layer.get(name);
   TORCH_CHECK(tensor.defined(), "retire_parameter: '", name,
-              "' holds None (or a submodule); there is nothing to retire");
+              "' holds None; there is nothing to retire");
   set_attr(tensor, "retired", true);
 }
 

@@ -61,7 +61,9 @@ void move_parameter(Layer& layer, const std::string& src_name, const std::string
 /// `retire_parameter(layer, name)`: marks what `name` holds as retired
 /// (attribute `retired = true`). It stays registered with its data, so it can
 /// be loaded again; is_live, get_live_param and kernel_parameters skip it.
-/// Throws if `name` holds nothing or None. Addresses: the data stays where it
+/// Throws if `name` holds nothing or None. Decision: throws on a submodule
+/// too (the reference marks the module object, which no utility reads).
+/// Addresses: the data stays where it
 /// is, so a reload can load into it again.
 void retire_parameter(Layer& layer, const std::string& name);
 

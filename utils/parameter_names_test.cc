@@ -162,5 +162,16 @@ TEST(RetireParameter, MarksAndKeepsTheData) {
   EXPECT_THROW(retire_parameter(layer, "none"), c10::Error);
 }
 
+// Decision: a submodule is refused (the reference marks the module object,
+// which no utility reads); its parameters stay live.
+TEST(RetireParameter, SubmoduleIsRefused) {
+  Layer layer;
+  auto inner = std::make_shared<Layer>("Inner");
+  inner->register_param("weight", param({4}));
+  layer.register_module("inner", inner);
+  EXPECT_THROW(retire_parameter(layer, "inner"), c10::Error);
+  EXPECT_TRUE(get_live_param(*inner, "weight").defined());
+}
+
 }  // namespace
 }  // namespace reloadsafe

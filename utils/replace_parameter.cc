@@ -7,6 +7,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <optional>
+
 namespace reloadsafe {
 namespace {
 
@@ -69,9 +71,12 @@ void replace_parameter(Layer& layer, const std::string& param_name, const at::Te
   at::Tensor new_param = make_parameter(data);
   apply_attrs(new_param, carried);
   if (old_param.defined()) {
-    if (const AttrValue* loader = find_attr(old_param, "weight_loader")) {
-      set_weight_attrs(new_param, AttrMap{{"weight_loader", *loader}});
-    }
+    // `hasattr(old_param, "weight_loader")` in the reference is also true on
+    // vLLM's parameter classes, whose `weight_loader` property reads the
+    // `_weight_loader` field: either one is inherited, as `weight_loader`.
+    std::optional<AttrValue> loader = find_attr(old_param, "weight_loader");
+    if (!loader) loader = find_attr(old_param, "_weight_loader");
+    if (loader) set_weight_attrs(new_param, AttrMap{{"weight_loader", *loader}});
   }
   layer.set(param_name, new_param);
 }
@@ -93,10 +98,13 @@ at::Tensor refill_derived(Layer& obj, const std::string& name, const at::Tensor&
   at::Tensor old = obj.get(name);
   if (old.defined() && new_tensor.defined() && old.sizes() == new_tensor.sizes() &&
       old.dtype() == new_tensor.dtype() && old.device() == new_tensor.device()) {
+    // A held tensor with no elements is accepted whatever its storage: the
+    // copy writes nothing, as in the reference.
     const auto span_bytes = extent(old) * static_cast<int64_t>(old.element_size());
-    TORCH_CHECK(old.storage_offset() == 0 &&
-                    span_bytes == static_cast<int64_t>(old.storage().nbytes()) &&
-                    extent(old) >= old.numel(),
+    TORCH_CHECK(old.numel() == 0 ||
+                    (old.storage_offset() == 0 &&
+                     span_bytes == static_cast<int64_t>(old.storage().nbytes()) &&
+                     extent(old) >= old.numel()),
                 "refill_derived: the tensor held under '", name,
                 "' does not own its storage (it is a view at offset ", old.storage_offset(),
                 " spanning ", span_bytes, " of ", old.storage().nbytes(),

@@ -47,8 +47,9 @@ namespace reloadsafe {
 ///       direct_reload_enabled()): the old address when it fits, else
 ///       `new_tensor`'s data.
 ///  - Otherwise a new parameter object sharing `new_tensor`'s storage is
-///    registered under `param_name`, inheriting the old one's `weight_loader`
-///    (if it had one).
+///    registered under `param_name`, inheriting the old one's loader as
+///    `weight_loader`: its `weight_loader`, else its `_weight_loader` (the
+///    field behind vLLM parameters' `weight_loader` property), if it has one.
 ///
 /// Addresses: the old storage is never resized or moved. After a call in
 /// which the parameter kept its address, a view of the old data taken before
@@ -78,6 +79,8 @@ void set_kernel_parameter(Layer& layer, const std::string& name, const at::Tenso
 /// replace_parameter); and the held tensor must own its storage (start at
 /// offset 0 and span all of it), because refilling a view would write into
 /// whatever else lives on that storage. Both are checked before any write.
+/// A held tensor with no elements writes nothing, so it is refilled (and
+/// returned) whatever storage it is on, as in the reference.
 at::Tensor refill_derived(Layer& obj, const std::string& name, const at::Tensor& new_tensor);
 
 }  // namespace reloadsafe

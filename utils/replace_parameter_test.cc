@@ -197,6 +197,48 @@ TEST(ReplaceParameter, RequantizationSourceIsReplacedByANewObject) {
   EXPECT_FALSE(has_attr(w, "requantization_source"));
 }
 
+// vLLM's parameter classes answer `weight_loader` from their `_weight_loader`
+// field, so the reference's `hasattr` sees either: a new parameter inherits
+// the loader under `weight_loader`.
+TEST(ReplaceParameter, NewParameterInheritsTheLoaderBehindWeightLoader) {
+  Layer layer;
+  at::Tensor src = make_parameter(seq({16, 64}, at::kByte));
+  set_attr(src, "requantization_source", true);
+  set_attr(src, "_weight_loader", WeightLoader{"backing", nullptr});
+  layer.register_param("weight", src);
+  replace_parameter(layer, "weight", seq({16, 64}, at::kByte));
+  at::Tensor w = layer.get("weight");
+  EXPECT_FALSE(w.is_same(src));
+  EXPECT_EQ(std::get<WeightLoader>(*find_attr(w, "weight_loader")).name, "backing");
+  EXPECT_FALSE(has_attr(w, "_weight_loader"));
+}
+
+// A tensor-valued `requantization_source` is read as Python reads it: a
+// one-element tensor is its value, a larger one is an error.
+TEST(ReplaceParameter, TensorValuedRequantizationSourceIsItsOneValue) {
+  struct Case {
+    const char* name;
+    at::Tensor flag;
+    bool keeps_object;
+  } cases[] = {{"zero", at::zeros({1}, at::kLong), true},
+               {"one", at::ones({1}, at::kLong), false},
+               {"scalar_true", at::scalar_tensor(true, at::kBool), false}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    Layer layer = loaded_layer();
+    at::Tensor old = layer.get("weight");
+    set_attr(old, "requantization_source", c.flag);
+    replace_parameter(layer, "weight", seq({16, 64}, at::kByte, 3));
+    EXPECT_EQ(layer.get("weight").is_same(old), c.keeps_object);
+  }
+  Layer layer = loaded_layer();
+  at::Tensor old = layer.get("weight");
+  set_attr(old, "requantization_source", at::ones({2}, at::kLong));
+  EXPECT_THROW(replace_parameter(layer, "weight", seq({16, 64}, at::kByte, 3)), c10::Error);
+  EXPECT_TRUE(layer.get("weight").is_same(old));
+  EXPECT_TRUE(at::equal(old, seq({16, 64}, at::kByte)));  // nothing written
+}
+
 TEST(ReplaceParameter, MetaParameterReceivingRealDataIsANewObject) {
   Layer layer;
   at::Tensor meta = make_parameter(at::empty({4, 4}, at::TensorOptions().device(at::kMeta)));
@@ -337,6 +379,20 @@ TEST(RefillDerived, RefusesParametersBuffersAndViews) {
   layer.set_attribute("view", base.narrow(0, 2, 4));
   EXPECT_THROW(refill_derived(layer, "view", at::ones({4})), c10::Error);
   EXPECT_TRUE(at::equal(base, at::zeros({8})));
+}
+
+// An empty held tensor is refilled (nothing is written) even when it is a
+// view that does not own its storage, as in the reference.
+TEST(RefillDerived, AnEmptyViewIsRefilledWritingNothing) {
+  Layer layer;
+  at::Tensor base = at::zeros({8}, at::kFloat);
+  at::Tensor empty_view = base.narrow(0, 3, 0);
+  layer.set_attribute("d", empty_view);
+  at::Tensor returned = refill_derived(layer, "d", at::ones({0}));
+  EXPECT_TRUE(returned.is_same(empty_view));
+  EXPECT_TRUE(layer.get("d").is_same(empty_view));
+  EXPECT_TRUE(at::equal(base, at::zeros({8})));
+  EXPECT_EQ(base.storage().nbytes(), 32u);
 }
 
 }  // namespace

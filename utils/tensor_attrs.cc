@@ -3,8 +3,10 @@
 #include <c10/util/Exception.h>
 #include <c10/util/intrusive_ptr.h>
 
-#include <array>
+#include <algorithm>
+#include <iterator>
 #include <mutex>
+#include <string_view>
 #include <unordered_map>
 
 namespace reloadsafe {
@@ -68,10 +70,10 @@ AttrTable& table() {
 }
 
 // Names Python resolves on the tensor itself; `hasattr` is true for them on
-// every tensor, so set_weight_attrs may not use them.
-constexpr std::array<const char*, 12> kTensorProperties = {
-    "data",    "shape",   "dtype",  "device", "grad", "requires_grad",
-    "is_meta", "is_cuda", "layout", "ndim",   "T",    "names"};
+// every tensor, so set_weight_attrs may not use them. Sorted (bytewise).
+constexpr std::string_view kTensorMemberNames[] = {
+#include "utils/tensor_names.inc"
+};
 
 }  // namespace
 
@@ -83,27 +85,41 @@ bool truthy(const AttrValue& value) {
         if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, double>) return v != 0;
         if constexpr (std::is_same_v<T, std::string>) return !v.empty();
         if constexpr (std::is_same_v<T, WeightLoader>) return true;
-        if constexpr (std::is_same_v<T, at::Tensor>) return v.defined();
+        if constexpr (std::is_same_v<T, at::Tensor>) {
+          // `bool(tensor)`: None is false; otherwise the tensor must hold
+          // exactly one value, which is its truth (is_nonzero checks the
+          // count and refuses meta tensors, with Python's messages).
+          return v.defined() && v.is_nonzero();
+        }
       },
       value);
 }
 
-const AttrValue* find_attr(const at::Tensor& t, const std::string& key) {
-  if (!t.defined()) return nullptr;
+std::optional<AttrValue> find_attr(const at::Tensor& t, const std::string& key) {
+  if (!t.defined()) return std::nullopt;
   std::lock_guard<std::mutex> lock(table().mu_);
   Entry* e = table().find(t);
-  if (e == nullptr) return nullptr;
+  if (e == nullptr) return std::nullopt;
   auto it = e->attrs.find(key);
-  return it == e->attrs.end() ? nullptr : &it->second;
+  if (it == e->attrs.end()) return std::nullopt;
+  return it->second;
 }
 
 bool has_attr(const at::Tensor& t, const std::string& key) {
-  return find_attr(t, key) != nullptr;
+  if (!t.defined()) return false;
+  std::lock_guard<std::mutex> lock(table().mu_);
+  Entry* e = table().find(t);
+  return e != nullptr && e->attrs.count(key) != 0;
 }
 
 bool attr_truthy(const at::Tensor& t, const std::string& key) {
-  const AttrValue* v = find_attr(t, key);
-  return v != nullptr && truthy(*v);
+  const std::optional<AttrValue> v = find_attr(t, key);
+  return v.has_value() && truthy(*v);
+}
+
+bool is_tensor_member_name(const std::string& name) {
+  return std::binary_search(std::begin(kTensorMemberNames), std::end(kTensorMemberNames),
+                            std::string_view(name));
 }
 
 void set_attr(const at::Tensor& t, const std::string& key, AttrValue value) {
@@ -146,19 +162,24 @@ at::Tensor make_parameter(const at::Tensor& data) {
 }
 
 void set_weight_attrs(const at::Tensor& weight, const std::optional<AttrMap>& weight_attrs) {
-  if (!weight_attrs.has_value()) return;
+  // Nothing to set: the reference returns (None) or loops over nothing ({}),
+  // whatever `weight` is.
+  if (!weight_attrs.has_value() || weight_attrs->empty()) return;
   TORCH_CHECK(weight.defined(), "set_weight_attrs: weight is None; pass the weight tensor");
   for (const auto& [key, value] : *weight_attrs) {
-    for (const char* property : kTensorProperties) {
-      TORCH_CHECK(key != property, "set_weight_attrs: '", key,
-                  "' is a property of every tensor and cannot be set as an attribute; "
-                  "choose another name");
-    }
-    TORCH_CHECK(!has_attr(weight, key), "set_weight_attrs: overwriting existing tensor attribute '",
-                key, "'; erase it first if replacing it is intended");
+    TORCH_CHECK(!is_tensor_member_name(key), "set_weight_attrs: '", key,
+                "' is an attribute, method or property of every tensor and cannot be set as "
+                "an attribute; choose another name");
   }
+  // Checked and set under one lock, so a failed call sets nothing and no
+  // other thread can slip a key in between the check and the write.
   std::lock_guard<std::mutex> lock(table().mu_);
   Entry& e = table().get_or_create(weight);
+  for (const auto& [key, value] : *weight_attrs) {
+    TORCH_CHECK(e.attrs.count(key) == 0,
+                "set_weight_attrs: overwriting existing tensor attribute '", key,
+                "'; erase it first if replacing it is intended");
+  }
   for (const auto& [key, value] : *weight_attrs) e.attrs[key] = value;
 }
 

@@ -16,7 +16,7 @@
 // Usage:
 //   at::Tensor w = reloadsafe::make_parameter(at::empty({4, 4}));
 //   reloadsafe::set_weight_attrs(w, {{"weight_loader", WeightLoader{"L", fn}}});
-//   if (auto* v = reloadsafe::find_attr(w, "weight_loader")) { ... }
+//   if (std::optional<AttrValue> v = reloadsafe::find_attr(w, "weight_loader")) { ... }
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -47,19 +47,25 @@ using AttrValue = std::variant<bool, int64_t, double, std::string, WeightLoader,
 /// Attributes by name, ordered by name so that reports are deterministic.
 using AttrMap = std::map<std::string, AttrValue>;
 
-/// Python truthiness of an attribute value (false, 0, "" and an undefined
-/// tensor are false).
+/// Python truthiness of an attribute value: false, 0, "" and an undefined
+/// tensor (None) are false; a loader is true. A tensor is its one value, as
+/// `bool(tensor)` is in Python: a tensor with one element is true when that
+/// element is non-zero, and a tensor with no or several elements (or on the
+/// meta device) throws, because its truth value is ambiguous.
 bool truthy(const AttrValue& value);
 
-/// The attribute `key` of tensor object `t`, or nullptr. The pointer is valid
-/// until the next change to `t`'s attributes.
-const AttrValue* find_attr(const at::Tensor& t, const std::string& key);
+/// A copy of the attribute `key` of tensor object `t`, or std::nullopt. The
+/// copy is taken under the table's lock, so it stays valid whatever other
+/// threads do to `t`'s attributes afterwards (a tensor value is a handle to
+/// the same tensor object, as in Python).
+std::optional<AttrValue> find_attr(const at::Tensor& t, const std::string& key);
 
 /// Whether `t` has attribute `key` (Python's `hasattr` for data attributes).
 bool has_attr(const at::Tensor& t, const std::string& key);
 
 /// Whether `t` has attribute `key` with a truthy value
-/// (`getattr(t, key, False)` used as a condition).
+/// (`getattr(t, key, False)` used as a condition). Throws where truthy()
+/// does (a tensor value with no or several elements).
 bool attr_truthy(const at::Tensor& t, const std::string& key);
 
 /// Sets attribute `key` of `t`, replacing any value it had.
@@ -85,13 +91,21 @@ at::Tensor make_parameter(const at::Tensor& data);
 
 /// `set_weight_attrs(weight, weight_attrs)`: adds attributes to a weight.
 ///
-/// Never overwrites: if `weight` already has any of the keys, or a key names
-/// one of the tensor's own properties (`data`, `shape`, `dtype`, ...), it
-/// throws and sets none of them (Python sets the keys before the failing one;
-/// the C++ port checks all first, so a failed call changes nothing).
-/// `std::nullopt` does nothing. Addresses: touches no tensor data; the weight
-/// keeps its storage and data pointer.
+/// Never overwrites: if `weight` already has any of the keys, or a key is a
+/// name every tensor answers to (an attribute, method or property of
+/// torch.Tensor: `data`, `size`, `is_leaf`, `stride`, ...; see
+/// is_tensor_member_name), it throws and sets none of them (Python sets the
+/// keys before the failing one; the C++ port checks all first, so a failed
+/// call changes nothing). `std::nullopt` and an empty map do nothing, even
+/// with an undefined `weight` (the reference returns, or loops over nothing).
+/// Addresses: touches no tensor data; the weight keeps its storage and data
+/// pointer.
 void set_weight_attrs(const at::Tensor& weight, const std::optional<AttrMap>& weight_attrs);
+
+/// Whether `name` is a name every torch.Tensor (and torch.nn.Parameter)
+/// answers to in Python 2.11: its attributes, methods and properties, from
+/// `dir()` (the table is generated from real torch; see tensor_names.inc).
+bool is_tensor_member_name(const std::string& name);
 
 namespace detail {
 /// Number of live entries in the attribute table (for tests of its cleanup).

@@ -3,7 +3,10 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <optional>
+#include <string>
 #include <thread>
+#include <vector>
 
 namespace reloadsafe {
 namespace {
@@ -39,12 +42,38 @@ TEST(TensorAttrs, Truthiness) {
   struct Case {
     AttrValue v;
     bool truthy;
-  } cases[] = {{false, false},           {true, true},          {int64_t{0}, false},
-               {int64_t{2}, true},       {0.0, false},          {std::string(), false},
-               {std::string("a"), true}, {at::Tensor(), false}, {WeightLoader{"L", nullptr}, true}};
+  } cases[] = {{false, false},
+               {true, true},
+               {int64_t{0}, false},
+               {int64_t{2}, true},
+               {0.0, false},
+               {std::string(), false},
+               {std::string("a"), true},
+               {at::Tensor(), false},
+               {WeightLoader{"L", nullptr}, true},
+               // A tensor is its one value, as `bool(tensor)` in Python.
+               {at::zeros({1}, at::kLong), false},
+               {at::ones({1}, at::kLong), true},
+               {at::scalar_tensor(0.0), false},
+               {at::scalar_tensor(2.5), true},
+               {at::ones({1, 1}, at::kBool), true}};
   for (size_t i = 0; i < std::size(cases); ++i) {
     SCOPED_TRACE(i);
     EXPECT_EQ(truthy(cases[i].v), cases[i].truthy);
+  }
+}
+
+TEST(TensorAttrs, TruthOfATensorWithoutOneValueIsAnError) {
+  // Python: "Boolean value of Tensor with no values / more than one value is
+  // ambiguous", and a meta tensor has no value to read.
+  const at::Tensor ambiguous[] = {at::zeros({0}), at::zeros({2}),
+                                  at::empty({1}, at::TensorOptions().device(at::kMeta))};
+  for (const at::Tensor& t : ambiguous) {
+    SCOPED_TRACE(t.sizes());
+    EXPECT_THROW(truthy(AttrValue(t)), c10::Error);
+    at::Tensor w = make_parameter(at::zeros({2}));
+    set_attr(w, "retired", t);
+    EXPECT_THROW(attr_truthy(w, "retired"), c10::Error);
   }
 }
 
@@ -58,18 +87,42 @@ TEST(TensorAttrs, EntriesDieWithTheirTensors) {
   EXPECT_EQ(detail::attr_table_size(), before);
 }
 
-TEST(TensorAttrs, ConcurrentUseIsSafe) {
+// Every thread reads and writes the attributes of one shared tensor object,
+// the same key included, while others change them. find_attr returns a copy
+// taken under the table's lock, so what a thread reads is always a value some
+// thread wrote, never a torn or freed one. Run under ThreadSanitizer by CI
+// (tools/test.sh, --config=tsan), which reports any unsynchronised access.
+TEST(TensorAttrs, ConcurrentUseOfOneTensorIsSafe) {
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 300;
+  const at::Tensor shared = make_parameter(at::zeros({1}));
   std::vector<std::thread> threads;
-  for (int i = 0; i < 4; ++i) {
-    threads.emplace_back([i] {
-      for (int j = 0; j < 200; ++j) {
-        at::Tensor t = at::zeros({1});
-        set_attr(t, "i", int64_t{i});
-        ASSERT_EQ(std::get<int64_t>(*find_attr(t, "i")), i);
+  std::vector<int> bad(kThreads, 0);
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([i, &shared, &bad] {
+      const std::string own = "k" + std::to_string(i);
+      for (int j = 0; j < kRounds; ++j) {
+        set_attr(shared, "shared", std::string(64, static_cast<char>('a' + i)));
+        set_attr(shared, own, int64_t{j});
+        const std::optional<AttrValue> v = find_attr(shared, "shared");
+        const auto* s = v ? std::get_if<std::string>(&*v) : nullptr;
+        if (s == nullptr || s->size() != 64 || (*s)[0] < 'a' || (*s)[0] >= 'a' + kThreads ||
+            s->find_first_not_of((*s)[0]) != std::string::npos) {
+          ++bad[i];
+        }
+        const std::optional<AttrValue> mine = find_attr(shared, own);
+        if (!mine || std::get<int64_t>(*mine) != j) ++bad[i];
+        if (!is_parameter(shared) || attrs(shared).size() < 2) ++bad[i];
+        if (j % 3 == 0) erase_attr(shared, "shared");
       }
     });
   }
   for (auto& t : threads) t.join();
+  for (int i = 0; i < kThreads; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(bad[i], 0);
+    EXPECT_EQ(std::get<int64_t>(*find_attr(shared, "k" + std::to_string(i))), kRounds - 1);
+  }
 }
 
 TEST(SetWeightAttrs, NeverOverwritesAndFailsAtomically) {
@@ -79,9 +132,48 @@ TEST(SetWeightAttrs, NeverOverwritesAndFailsAtomically) {
                c10::Error);
   EXPECT_FALSE(has_attr(w, "a_new_one"));  // nothing set by the failed call
   EXPECT_EQ(std::get<int64_t>(*find_attr(w, "output_dim")), 0);
-  EXPECT_THROW(set_weight_attrs(w, AttrMap{{"shape", int64_t{1}}}), c10::Error);
   set_weight_attrs(w, std::nullopt);  // nothing to do
+  set_weight_attrs(w, AttrMap{});     // nothing to do
   EXPECT_EQ(attrs(w).size(), 1u);
+}
+
+// `hasattr(weight, key)` is true for every attribute, method and property of
+// torch.Tensor, so the reference refuses all of them (not only the data
+// properties).
+TEST(SetWeightAttrs, RefusesEveryNameATensorAnswersTo) {
+  for (const char* name : {"shape", "data", "size", "is_leaf", "stride", "T", "mT", "grad_fn",
+                           "copy_", "__class__", "__dict__", "requires_grad", "untyped_storage"}) {
+    SCOPED_TRACE(name);
+    EXPECT_TRUE(is_tensor_member_name(name));
+    at::Tensor w = at::zeros({2});
+    EXPECT_THROW(set_weight_attrs(w, AttrMap{{name, int64_t{1}}}), c10::Error);
+    EXPECT_TRUE(attrs(w).empty());
+  }
+  for (const char* name : {"weight_loader", "_weight_loader", "output_dim", "is_shuffled",
+                           "retired", "runtime_name", "_ckpt", "Shape", "sizes", ""}) {
+    SCOPED_TRACE(name);
+    EXPECT_FALSE(is_tensor_member_name(name));
+  }
+}
+
+// The reference returns on None and loops over nothing on {}: neither looks
+// at the weight, so a None weight is fine there.
+TEST(SetWeightAttrs, NothingToSetIsANoOpEvenWithoutAWeight) {
+  EXPECT_NO_THROW(set_weight_attrs(at::Tensor(), std::nullopt));
+  EXPECT_NO_THROW(set_weight_attrs(at::Tensor(), AttrMap{}));
+  EXPECT_THROW(set_weight_attrs(at::Tensor(), AttrMap{{"output_dim", int64_t{0}}}), c10::Error);
+}
+
+TEST(TensorAttrs, FindAttrReturnsACopy) {
+  at::Tensor w = at::zeros({2});
+  EXPECT_FALSE(find_attr(w, "x").has_value());
+  EXPECT_FALSE(find_attr(at::Tensor(), "x").has_value());
+  set_attr(w, "x", std::string("before"));
+  const std::optional<AttrValue> v = find_attr(w, "x");
+  set_attr(w, "x", std::string("after"));
+  erase_attr(w, "x");
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(std::get<std::string>(*v), "before");
 }
 
 }  // namespace

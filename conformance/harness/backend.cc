@@ -25,8 +25,8 @@ at::Tensor make_checkpoint_param(std::vector<int64_t> shape, at::ScalarType dtyp
 }
 
 void default_weight_loader(at::Tensor& param, const at::Tensor& loaded) {
-  const AttrValue* record = find_attr(param, "_ckpt");
-  TORCH_CHECK(record != nullptr && std::holds_alternative<at::Tensor>(*record),
+  const std::optional<AttrValue> record = find_attr(param, "_ckpt");
+  TORCH_CHECK(record.has_value() && std::holds_alternative<at::Tensor>(*record),
               "default_weight_loader: the parameter has no _ckpt record; create it with "
               "make_checkpoint_param()");
   const at::Tensor& ckpt = std::get<at::Tensor>(*record);

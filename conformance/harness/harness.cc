@@ -20,8 +20,8 @@ namespace {
 Checkpoint checkpoint_layouts(const Layer& layer) {
   Checkpoint layouts;
   for (const auto& [name, param] : layer.parameter_slots()) {
-    const AttrValue* record = param.defined() ? find_attr(param, "_ckpt") : nullptr;
-    if (record != nullptr && std::holds_alternative<at::Tensor>(*record)) {
+    const std::optional<AttrValue> record = find_attr(param, "_ckpt");
+    if (record.has_value() && std::holds_alternative<at::Tensor>(*record)) {
       layouts.emplace(name, std::get<at::Tensor>(*record));
     }
   }
@@ -49,8 +49,8 @@ void load(Layer& layer, const Checkpoint& ckpt) {
   for (const auto& [name, tensor] : ckpt) {
     at::Tensor param = layer.get(name);
     TORCH_CHECK(param.defined(), "checkpoint parameter '", name, "' is None after post-processing");
-    const AttrValue* loader = find_attr(param, "weight_loader");
-    TORCH_CHECK(loader != nullptr && std::holds_alternative<WeightLoader>(*loader) &&
+    const std::optional<AttrValue> loader = find_attr(param, "weight_loader");
+    TORCH_CHECK(loader.has_value() && std::holds_alternative<WeightLoader>(*loader) &&
                     std::get<WeightLoader>(*loader).fn,
                 "checkpoint parameter '", name, "' lost its weight_loader");
     std::get<WeightLoader>(*loader).fn(param, tensor);
