@@ -30,7 +30,8 @@ namespace reloadsafe::conformance {
 inline constexpr int64_t kMaxCaseStorageBytes = int64_t{1} << 30;
 
 /// The deepest nesting of JSON arrays and objects a case line may have (a
-/// guard against stack exhaustion on hostile input).
+/// guard against stack exhaustion on hostile input). The parser stops at the
+/// first array or object beyond it, so such a line reports no id.
 inline constexpr int kMaxJsonDepth = 64;
 
 /// Evaluates one case, given as one line of JSON, and returns its result as

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <random>
 #include <sstream>
 #include <string>
@@ -158,8 +159,10 @@ TEST(HostileInputTest, EveryTruncationIsAnError) {
   EXPECT_FALSE(evaluate(line).contains("error"));
 }
 
-// Random byte changes to valid cases never make the runner throw or crash.
-TEST(HostileInputTest, MutatedCasesNeverThrow) {
+// Random byte changes to valid cases: every result is either an error line
+// (the id and a message, nothing else) or a full result with the keys the
+// unchanged case has. Both kinds must occur, or the mutations test nothing.
+TEST(HostileInputTest, MutatedCasesYieldAnErrorOrAFullResult) {
   const std::vector<std::string> seeds = {
       R"({"id": "S", "op": "in_own_storage", "whole_storage": true, "old": {"dtype": "uint8", "shape": [8], "storage_nbytes": 32}, "new": {"dtype": "int32", "shape": [4], "stride": [1]}})",
       R"({"id": "R", "op": "replace_parameter", "direct_reload": true, "uses_meta_device": false, "old": {"kind": "parameter", "dtype": "uint8", "shape": [16], "attrs": {"weight_loader": "L"}}, "new": {"kind": "tensor", "dtype": "int32", "shape": [2], "offset": 1, "on": "old"}})",
@@ -170,14 +173,43 @@ TEST(HostileInputTest, MutatedCasesNeverThrow) {
   const std::string alphabet = "0123456789-[]{}\",:.e9 ntfa\\";
   std::mt19937 rng(1234);
   for (const std::string& seed : seeds) {
+    const Json expected = evaluate(seed);
+    ASSERT_FALSE(expected.contains("error")) << expected.dump();
+    std::vector<std::string> keys;
+    for (const auto& item : expected.items()) keys.push_back(item.key());
+    int errors = 0;
+    int results = 0;
     for (int trial = 0; trial < 300; ++trial) {
       std::string line = seed;
       const int edits = 1 + static_cast<int>(rng() % 3);
       for (int e = 0; e < edits; ++e) {
         line[rng() % line.size()] = alphabet[rng() % alphabet.size()];
       }
-      evaluate(line);
+      const Json result = evaluate(line);
+      if (result.contains("error")) {
+        ++errors;
+        ASSERT_TRUE(result["error"].is_string()) << line << "\n" << result.dump();
+        EXPECT_FALSE(result["error"].get<std::string>().empty()) << line;
+        EXPECT_EQ(result.size(), 2u) << line << "\n" << result.dump();
+        continue;
+      }
+      ++results;
+      std::vector<std::string> got;
+      for (const auto& item : result.items()) got.push_back(item.key());
+      // A case that still evaluates has the same outputs, except that a
+      // replace_parameter case whose old layout became null reports no
+      // old_storage.
+      if (got != keys) {
+        std::vector<std::string> without_old_storage = keys;
+        without_old_storage.erase(
+            std::remove(without_old_storage.begin(), without_old_storage.end(), "old_storage"),
+            without_old_storage.end());
+        EXPECT_EQ(got, without_old_storage) << line << "\n" << result.dump();
+      }
     }
+    SCOPED_TRACE(seed);
+    EXPECT_GT(errors, 0);
+    EXPECT_GT(results, 0);
   }
 }
 

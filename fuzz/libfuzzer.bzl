@@ -10,6 +10,8 @@ and the like) do not apply: these binaries are always instrumented.
 
   libfuzzer_objects   sources compiled for fuzzing, to share between binaries.
   libfuzzer_binary    a libFuzzer binary: its sources, objects, libraries.
+  libfuzzer_test      a libFuzzer binary, its short CI run `<name>_test` and
+                      its long run `<name>_soak` (tags manual, soak).
 
 Nothing about the machine is written here. Include paths, headers, shared
 libraries and link options (LibTorch's rpaths and the CUDA runtime folders
@@ -71,8 +73,11 @@ exec clang++ "$@"
 """
 
 _ATTRS = {
-    "srcs": attr.label_list(allow_files = [".cc"], doc = "Sources to compile."),
-    "hdrs": attr.label_list(allow_files = [".h"], doc = "Headers the sources include."),
+    "srcs": attr.label_list(
+        allow_files = [".cc", ".h", ".inc"],
+        doc = "Sources to compile (headers and .inc files among them are inputs only).",
+    ),
+    "hdrs": attr.label_list(allow_files = [".h", ".inc"], doc = "Headers the sources include."),
     "deps": attr.label_list(
         providers = [[CcInfo], [FuzzObjectsInfo]],
         doc = "C++ libraries (headers, link inputs) and libfuzzer_objects.",
@@ -97,8 +102,12 @@ def _compile(ctx):
         transitive = [comp.headers] +
                      [d[FuzzObjectsInfo].headers for d in ctx.attr.deps if FuzzObjectsInfo in d],
     )
+    headers = depset(
+        [f for f in ctx.files.srcs if not f.path.endswith(".cc")],
+        transitive = [headers],
+    )
     objects = []
-    for src in ctx.files.srcs:
+    for src in [f for f in ctx.files.srcs if f.path.endswith(".cc")]:
         obj = ctx.actions.declare_file(
             "_objs/%s/%s.o" % (ctx.label.name, src.short_path.replace("/", "_").replace("..", "_")),
         )
@@ -165,3 +174,58 @@ libfuzzer_binary = rule(
     executable = True,
     attrs = dict(_ATTRS, linkopts = attr.string_list()),
 )
+
+def libfuzzer_test(
+        name,
+        corpus,
+        dict = None,
+        runs = 100000,
+        max_total_time = 30,
+        soak_time = 1800,
+        seed = 20261130,
+        **kwargs):
+    """A libFuzzer binary `name`, its CI run and its soak run.
+
+    `<name>_test` (in `bazel test //...`) runs the fuzzer from the seed
+    corpus with a fixed seed, at most `runs` inputs and `max_total_time`
+    seconds. `<name>_soak` (tags `manual`, `soak`: `bazel test --config=soak`)
+    runs it for `soak_time` seconds with a random seed. Both go through
+    run_fuzzer.sh, which fails on a crash, hang, leak or sanitizer report and
+    keeps the input. `corpus` is the folder of seed inputs (under this
+    package), `dict` an optional libFuzzer dictionary; other arguments go to
+    libfuzzer_binary.
+    """
+    libfuzzer_binary(name = name, **kwargs)
+    native.filegroup(
+        name = name + "_corpus",
+        srcs = native.glob([corpus + "/*"]) + ([dict] if dict else []),
+    )
+    pkg = native.package_name()
+    common = ["$(location :%s)" % name, pkg + "/" + corpus] + (
+        ["-dict=%s/%s" % (pkg, dict)] if dict else []
+    )
+    data = [":" + name, ":%s_corpus" % name]
+    native.sh_test(
+        name = name + "_test",
+        size = "medium",
+        srcs = ["//fuzz:run_fuzzer.sh"],
+        args = common + [
+            "-runs=%d" % runs,
+            "-max_total_time=%d" % max_total_time,
+            "-seed=%d" % seed,
+            "-timeout=10",
+        ],
+        data = data,
+        tags = ["libfuzzer"],
+    )
+    native.sh_test(
+        name = name + "_soak",
+        size = "large",
+        srcs = ["//fuzz:run_fuzzer.sh"],
+        args = common + [
+            "-max_total_time=%d" % soak_time,
+            "-timeout=30",
+        ],
+        data = data,
+        tags = ["manual", "soak"],
+    )

@@ -289,11 +289,12 @@ void replace_parameter_property(const ReplaceFn& impl, const ReplaceRules& rules
   for (const auto& [key, value] : described_attrs(c.new_attrs)) {
     if (is_carried(key)) expected_attrs[key] = value;
   }
-  // A new parameter inherits old's loader: `weight_loader`, else the
-  // `_weight_loader` field behind vLLM parameters' property of that name.
+  // A new parameter inherits old's loader: `weight_loader`, else, for a
+  // parameter, the `_weight_loader` field behind vLLM parameters' property.
   if (!keep && old_obj.defined()) {
     for (const char* key : {"weight_loader", "_weight_loader"}) {
       if (c.old_attrs.count(key) == 0) continue;
+      if (std::string(key) == "_weight_loader" && c.held != Held::kParameter) break;
       expected_attrs["weight_loader"] = describe(attr_value(key, c.old_attrs.at(key)));
       break;
     }

@@ -4,9 +4,11 @@ Each macro puts the project's warning flags, test framework, tags and
 environment in one place:
 
   rs_library        a library of the project (warnings are errors).
+  rs_binary         a command-line program of the project.
   rs_test           a GoogleTest unit test on the CPU.
   rs_property_test  a RapidCheck property test, with fixed seed and case count
-                    for CI (override with --test_env=RC_PARAMS=...).
+                    for CI (override with --test_env=RC_PARAMS=...), and its
+                    soak run `<name minus _test>_soak` (tags manual, soak).
   rs_gpu_test       a GoogleTest test that needs CUDA: tagged `gpu` so the
                     default run leaves it out; `--config=gpu` runs it.
   rs_benchmark      a Google Benchmark binary plus `<name>_smoke`, a cc_test
@@ -28,29 +30,50 @@ _TORCH_CPU = "@libtorch//:torch_cpu"
 _TORCH_CUDA = "@libtorch//:torch_cuda"
 _GTEST_MAIN = "@gtest//:gtest_main"
 
-def rs_library(name, gpu = False, copts = [], deps = [], **kwargs):
+def rs_library(name, copts = [], deps = [], **kwargs):
     native.cc_library(
         name = name,
         copts = RS_COPTS + copts,
-        deps = deps + [_TORCH_CUDA if gpu else _TORCH_CPU],
+        deps = deps + [_TORCH_CPU],
         **kwargs
     )
 
-def rs_test(name, srcs, deps = [], copts = [], size = "small", main = True, **kwargs):
+def rs_binary(name, copts = [], deps = [], **kwargs):
+    native.cc_binary(
+        name = name,
+        copts = RS_COPTS + copts,
+        deps = deps + [_TORCH_CPU],
+        **kwargs
+    )
+
+def rs_test(name, srcs, deps = [], copts = [], size = "small", **kwargs):
     native.cc_test(
         name = name,
         srcs = srcs,
         size = size,
         copts = RS_COPTS + copts,
-        deps = deps + [_TORCH_CPU] + ([_GTEST_MAIN] if main else ["@gtest"]),
+        deps = deps + [_TORCH_CPU, _GTEST_MAIN],
         **kwargs
     )
 
-def rs_property_test(name, srcs, deps = [], rc_params = "seed=1 max_success=200", size = "medium", tags = [], **kwargs):
-    """A RapidCheck property test.
+def rs_property_test(
+        name,
+        srcs,
+        deps = [],
+        rc_params = "seed=1 max_success=200",
+        soak_cases = None,
+        size = "medium",
+        tags = [],
+        **kwargs):
+    """A RapidCheck property test, and its soak run.
 
     `rc_params` sets RC_PARAMS for the CI run (a fixed seed, so CI is
     repeatable); `--test_env=RC_PARAMS="reproduce=..."` replays a failure.
+
+    With `soak_cases`, `<name without _test>_soak` runs the same binary's
+    properties with that many cases each and a random seed
+    (//tools:soak_properties.sh); it is tagged `manual` and `soak`, so only
+    `bazel test --config=soak` runs it.
     """
     native.cc_test(
         name = name,
@@ -62,6 +85,22 @@ def rs_property_test(name, srcs, deps = [], rc_params = "seed=1 max_success=200"
         deps = deps + [_TORCH_CPU, "@rapidcheck", _GTEST_MAIN],
         **kwargs
     )
+    if soak_cases != None:
+        native.sh_test(
+            name = soak_name(name),
+            size = "large",
+            srcs = ["//tools:soak_properties.sh"],
+            args = [
+                "$(location :%s)" % name,
+                str(soak_cases),
+            ],
+            data = [":" + name],
+            tags = ["manual", "soak"],
+        )
+
+def soak_name(name):
+    """The soak target of test `name`: `foo_test` -> `foo_soak`."""
+    return (name[:-len("_test")] if name.endswith("_test") else name) + "_soak"
 
 def rs_gpu_test(name, srcs, deps = [], size = "medium", tags = [], **kwargs):
     """A test that needs a CUDA device.

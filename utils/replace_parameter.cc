@@ -73,9 +73,10 @@ void replace_parameter(Layer& layer, const std::string& param_name, const at::Te
   if (old_param.defined()) {
     // `hasattr(old_param, "weight_loader")` in the reference is also true on
     // vLLM's parameter classes, whose `weight_loader` property reads the
-    // `_weight_loader` field: either one is inherited, as `weight_loader`.
+    // `_weight_loader` field: for a parameter either one is inherited, as
+    // `weight_loader`. A plain tensor has no such property.
     std::optional<AttrValue> loader = find_attr(old_param, "weight_loader");
-    if (!loader) loader = find_attr(old_param, "_weight_loader");
+    if (!loader && is_parameter(old_param)) loader = find_attr(old_param, "_weight_loader");
     if (loader) set_weight_attrs(new_param, AttrMap{{"weight_loader", *loader}});
   }
   layer.set(param_name, new_param);

@@ -48,8 +48,9 @@ namespace reloadsafe {
 ///       `new_tensor`'s data.
 ///  - Otherwise a new parameter object sharing `new_tensor`'s storage is
 ///    registered under `param_name`, inheriting the old one's loader as
-///    `weight_loader`: its `weight_loader`, else its `_weight_loader` (the
-///    field behind vLLM parameters' `weight_loader` property), if it has one.
+///    `weight_loader`: its `weight_loader`, else, if the old one is a
+///    parameter, its `_weight_loader` (the field behind vLLM parameters'
+///    `weight_loader` property), if it has one.
 ///
 /// Addresses: the old storage is never resized or moved. After a call in
 /// which the parameter kept its address, a view of the old data taken before
