@@ -33,5 +33,5 @@ done
 # Libraries the binaries need that are not part of LibTorch or the CUDA
 # runtime: Google Benchmark is a Debian shared library.
 cp -L /usr/lib/x86_64-linux-gnu/libbenchmark.so.1debian gpu_bundle/lib/ 2>/dev/null || true
-cp tools/gpu_run.sh gpu_bundle/
+cp tools/gpu_run.sh tools/testlogs.py gpu_bundle/
 echo "[gpu_bundle] $(du -sh gpu_bundle | cut -f1) in gpu_bundle/: $(ls gpu_bundle/bin | tr '\n' ' ')"

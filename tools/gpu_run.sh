@@ -54,26 +54,24 @@ for b in "$here"/bin/*_bench; do
     ${RELOADSAFE_BENCH_ARGS:-} > "$OUT/bench/$name.txt" 2>&1 || status=1
 done
 
-python3 - "$OUT" "$status" "$((SECONDS - start))" <<'PY'
-import glob, os, sys, xml.etree.ElementTree as ET
-out, status, secs = sys.argv[1], sys.argv[2], sys.argv[3]
+python3 - "$here" "$OUT" "$status" "$((SECONDS - start))" <<'PY'
+import glob, os, sys
+here, out, status, secs = sys.argv[1:5]
+sys.path.insert(0, here)
+import testlogs  # the same reader as tools/summarize_tests.py
 passed = failed = skipped = replays = 0
 rows = []
 for path in sorted(glob.glob(os.path.join(out, "xml", "*.xml"))):
-    root = ET.parse(path).getroot()
-    for case in root.iter("testcase"):
-        name = f"{os.path.basename(path)[:-4]} {case.get('classname')}.{case.get('name')}"
-        if case.find("failure") is not None:
+    target = testlogs.read_junit(path, os.path.basename(path)[:-4])
+    for case in target.cases:
+        name = f"{target.label} {case.name}"
+        if case.status == "failed":
             failed += 1; rows.append(f"- FAIL {name}")
-        elif case.find("skipped") is not None or case.get("result") == "skipped":
-            skipped += 1; rows.append(f"- skip {name}")
+        elif case.status == "skipped":
+            skipped += 1; rows.append(f"- skip {name}: {case.message}")
         else:
             passed += 1
-        for prop in case.iter("property"):
-            if prop.get("name") == "replays":
-                replays += int(prop.get("value"))
-        if case.get("replays"):
-            replays += int(case.get("replays"))
+        replays += int(case.properties.get("replays", 0) or 0)
 machine = open(os.path.join(out, "machine.txt")).read()
 summary = (f"# GPU check\n\n```\n{machine}```\n\n"
            f"tests: {passed} passed, {failed} failed, {skipped} skipped\n\n"

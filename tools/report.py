@@ -19,43 +19,24 @@ import os
 import re
 import shutil
 import sys
-import xml.etree.ElementTree as ET
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import testlogs as testlogs_reader  # noqa: E402
 
 AREAS = ["utils", "conformance", "fuzz", "bench"]
 
 
 def read_tests(testlogs):
-    """Per target: passed/failed/skipped cases, skip reasons, fuzz counts."""
+    """Per target: passed/failed/skipped cases, skip reasons, fuzz counts.
+
+    The XML is read by tools/testlogs.py (shards merged under their target).
+    """
     targets = {}
-    for xml_path in sorted(glob.glob(os.path.join(testlogs, "**", "test.xml"), recursive=True)):
-        folder = os.path.dirname(xml_path)
-        rel = os.path.relpath(folder, testlogs)
-        label = "//" + os.path.dirname(rel) + ":" + os.path.basename(rel)
-        t = {"passed": 0, "failed": 0, "skipped": 0, "skips": [], "properties": {}}
-        try:
-            root = ET.parse(xml_path).getroot()
-        except ET.ParseError:
-            t["failed"] = 1
-            targets[label] = t
-            continue
-        cases = list(root.iter("testcase"))
-        for case in cases:
-            if case.find("failure") is not None or case.find("error") is not None:
-                t["failed"] += 1
-            elif case.find("skipped") is not None or case.get("result") == "skipped":
-                t["skipped"] += 1
-                node = case.find("skipped")
-                msg = (node.get("message") if node is not None else "") or ""
-                t["skips"].append(f"{case.get('classname')}.{case.get('name')}: "
-                                  + (msg.strip().splitlines()[-1] if msg.strip() else ""))
-            else:
-                t["passed"] += 1
-        if not cases:
-            suite = root.find(".//testsuite")
-            bad = suite is not None and int(suite.get("failures", 0)) + int(suite.get("errors", 0))
-            t["failed" if bad else "passed"] += 1
-        log = os.path.join(folder, "test.log")
-        if os.path.exists(log):
+    for target in testlogs_reader.read_testlogs(testlogs):
+        t = {"passed": target.count("passed"), "failed": target.count("failed"),
+             "skipped": target.count("skipped"), "properties": {},
+             "skips": [f"{c.name}: {c.message}" for c in target.cases if c.status == "skipped"]}
+        for log in target.logs:
             # RapidCheck prints "OK, passed N tests" per property.
             text = open(log, errors="replace").read()
             for segment in text.split("[ RUN      ] ")[1:]:
@@ -63,7 +44,7 @@ def read_tests(testlogs):
                 m = re.search(r"OK, passed (\d+) tests", segment)
                 if m:
                     t["properties"][name] = int(m.group(1))
-        targets[label] = t
+        targets[target.label] = t
     return targets
 
 

@@ -1,91 +1,70 @@
 #!/usr/bin/env python3
-"""Summarises Bazel test results from the gtest XML files under bazel-testlogs.
+"""Summarises test results: Bazel's testlogs, plus any JUnit XML files.
 
-  tools/summarize_tests.py [--json OUT] [--markdown OUT] [--pytest-xml AREA=FILE ...]
-                           TESTLOGS_DIR [PACKAGE ...]
-
---pytest-xml adds the cases of a pytest --junitxml file as area AREA (a
-missing or unreadable file counts as one failure).
+  tools/summarize_tests.py [--json OUT] [--markdown OUT] TESTLOGS_DIR [PACKAGE ...]
+                           [--junit [NAME=]FILE ...] [--pytest-xml AREA=FILE ...]
 
 Prints a table of test cases by package (passed, failed, skipped), lists every
-skipped case with its reason, and ends with the line
+skipped case with its reason and every failed case, and ends with the line
 'tests: N passed, N failed, N skipped'. Exits 1 if any case failed.
+
+Sharded tests count once, under their target's name. `--junit NAME=FILE` adds
+the cases of a JUnit XML file (pytest's --junitxml, for example) under
+package NAME (default: the file's name without .xml); it may be repeated.
+--pytest-xml AREA=FILE is the same for pytest's --junitxml file. A missing or
+unreadable file counts as one failed case.
+The XML is read by tools/testlogs.py.
 """
 import argparse
 import collections
 import json
 import os
 import sys
-import xml.etree.ElementTree as ET
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import testlogs  # noqa: E402
 
 
-def main():
+def junit_target(spec):
+    name, sep, path = spec.partition("=")
+    if not sep:
+        path, name = spec, os.path.splitext(os.path.basename(spec))[0]
+    return testlogs.read_junit(path, f"{name} ({os.path.basename(path)})", package=name)
+
+
+def case_label(target, case):
+    return f"{target.label} {case.name}" if case.name else target.label
+
+
+def summarize(targets):
+    """(rows by package, skipped [(case, reason)], failed [case])."""
+    rows = collections.OrderedDict()
+    skipped, failed = [], []
+    for target in targets:
+        row = rows.setdefault(target.package, collections.Counter())
+        for case in target.cases:
+            row[case.status] += 1
+            if case.status == "skipped":
+                skipped.append((case_label(target, case), case.message))
+            elif case.status == "failed":
+                failed.append(case_label(target, case))
+    return rows, skipped, failed
+
+
+def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("testlogs")
     ap.add_argument("packages", nargs="*")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
-    ap.add_argument("--pytest-xml", action="append", default=[], metavar="AREA=FILE")
-    args = ap.parse_args()
+    ap.add_argument("--junit", action="append", default=[], metavar="[NAME=]FILE")
+    ap.add_argument("--pytest-xml", action="append", default=[], metavar="AREA=FILE",
+                    dest="junit")
+    args = ap.parse_args(argv)
 
-    rows = collections.OrderedDict()
-    skipped = []
-    failed = []
-    for root, _, files in sorted(os.walk(args.testlogs)):
-        if "test.xml" not in files:
-            continue
-        target = os.path.relpath(root, args.testlogs)
-        package = target.split("/")[0]
-        if args.packages and package not in args.packages:
-            continue
-        try:
-            tree = ET.parse(os.path.join(root, "test.xml"))
-        except ET.ParseError:
-            failed.append((target, "(unreadable test.xml)"))
-            continue
-        row = rows.setdefault(package, collections.Counter())
-        cases = tree.getroot().iter("testcase")
-        any_case = False
-        for case in cases:
-            any_case = True
-            name = f"//{target.rsplit('/', 1)[0]}:{target.rsplit('/', 1)[-1]} {case.get('classname', '')}.{case.get('name', '')}"
-            if case.find("failure") is not None or case.find("error") is not None:
-                row["failed"] += 1
-                failed.append((name, ""))
-            elif case.find("skipped") is not None or case.get("result") == "skipped":
-                row["skipped"] += 1
-                node = case.find("skipped")
-                reason = (node.get("message") if node is not None else "") or ""
-                skipped.append((name, reason.strip().splitlines()[-1] if reason.strip() else ""))
-            else:
-                row["passed"] += 1
-        if not any_case:  # a test without gtest cases (sh_test): one result
-            suite = tree.getroot().find(".//testsuite")
-            bad = suite is not None and int(suite.get("failures", 0)) + int(suite.get("errors", 0)) > 0
-            row["failed" if bad else "passed"] += 1
-            if bad:
-                failed.append((target, ""))
-
-    for spec in args.pytest_xml:
-        area, _, path = spec.partition("=")
-        row = rows.setdefault(area, collections.Counter())
-        try:
-            tree = ET.parse(path)
-        except (OSError, ET.ParseError):
-            row["failed"] += 1
-            failed.append((f"{area} (no readable pytest XML at {path})", ""))
-            continue
-        for case in tree.getroot().iter("testcase"):
-            name = f"{area} {case.get('classname', '')}::{case.get('name', '')}"
-            if case.find("failure") is not None or case.find("error") is not None:
-                row["failed"] += 1
-                failed.append((name, ""))
-            elif case.find("skipped") is not None:
-                row["skipped"] += 1
-                reason = (case.find("skipped").get("message") or "").strip()
-                skipped.append((name, reason.splitlines()[-1] if reason else ""))
-            else:
-                row["passed"] += 1
+    targets = testlogs.read_testlogs(args.testlogs, args.packages or None)
+    targets += [junit_target(spec) for spec in args.junit]
+    rows, skipped, failed = summarize(targets)
 
     total = collections.Counter()
     lines = ["| area | passed | failed | skipped |", "| --- | ---: | ---: | ---: |"]
@@ -97,15 +76,15 @@ def main():
     if skipped:
         out += "\n\nSkipped:\n" + "\n".join(f"- {n}: {r}" for n, r in skipped)
     if failed:
-        out += "\n\nFailed:\n" + "\n".join(f"- {n}" for n, _ in failed)
+        out += "\n\nFailed:\n" + "\n".join(f"- {n}" for n in failed)
     print(out)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(out + "\n")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"areas": rows, "total": total, "skipped": skipped,
-                       "failed": [n for n, _ in failed]}, f, indent=2)
+            json.dump({"areas": rows, "total": total, "skipped": skipped, "failed": failed}, f,
+                      indent=2)
     print(f"\ntests: {total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped")
     return 1 if total["failed"] else 0
 
