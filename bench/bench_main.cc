@@ -79,7 +79,7 @@ std::string references_of(const BenchMainOptions& options) {
   for (const Target& t : options.targets) {
     if (t.kind != Target::Kind::kTimeAtMost) pairs.emplace_back(t.candidates, t.limit);
   }
-  pairs.insert(pairs.end(), options.references.begin(), options.references.end());
+  for (const LimitReference& r : options.references) pairs.emplace_back(r.benchmarks, r.limit);
   std::string out;
   std::set<std::string> seen;
   for (const auto& [prefix, limit] : pairs) {

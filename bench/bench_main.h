@@ -13,8 +13,11 @@
 // Usage:
 //   int main(int argc, char** argv) {
 //     const bool large = reloadsafe::bench::take_flag(&argc, argv, "my_flag").has_value();
-//     register_benchmarks(large);
-//     return reloadsafe::bench::run_benchmarks(argc, argv, {targets, extra_context, help});
+//     reloadsafe::bench::BenchMainOptions options = register_benchmarks(large);
+//     options.references.emplace_back("BM_Copy/cold/", "BM_Limit/cold_read/");
+//     options.context.emplace_back("my_flag", large ? "on" : "off");
+//     options.help = "  --my_flag  also register the large benchmarks\n";
+//     return reloadsafe::bench::run_benchmarks(argc, argv, options);
 //   }
 #pragma once
 
@@ -36,7 +39,20 @@ namespace reloadsafe::bench {
 /// std::nullopt when not given.
 std::optional<std::string> take_flag(int* argc, char** argv, const std::string& name);
 
-/// What a benchmark binary adds to the common main.
+/// A benchmark measured against a limit of the same run, by name prefixes.
+/// Its own type (not a pair of strings, as ContextEntry is), so a reference
+/// and a context entry cannot be given in each other's place.
+struct LimitReference {
+  LimitReference(std::string benchmarks, std::string limit)
+      : benchmarks(std::move(benchmarks)), limit(std::move(limit)) {}
+  /// Name prefix of the benchmarks (e.g. "BM_FileCopy/cpu/cold/").
+  std::string benchmarks;
+  /// Name prefix of the limit they are judged against.
+  std::string limit;
+};
+
+/// What a benchmark binary adds to the common main. Set the fields by name
+/// (see the usage above).
 struct BenchMainOptions {
   /// Targets judged at the end of the run.
   std::vector<Target> targets;
@@ -45,7 +61,7 @@ struct BenchMainOptions {
   /// `reloadsafe_references` ("prefix=limit;..."): bench/compare.py judges a
   /// slowdown relative to the limit of the same run, so a machine that is
   /// slower as a whole is not taken for a regression.
-  std::vector<std::pair<std::string, std::string>> references;
+  std::vector<LimitReference> references;
   /// Context entries besides machine_context() (e.g. which optional
   /// benchmarks were registered).
   std::vector<ContextEntry> context;
