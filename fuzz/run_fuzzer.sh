@@ -18,9 +18,11 @@ artifacts="${TEST_UNDECLARED_OUTPUTS_DIR:-${TEST_TMPDIR:-/tmp}}"
 mkdir -p "$scratch" "$artifacts"
 
 # The workspace's --config=asan sets ASAN_OPTIONS for every test; keep it, and
-# give the fuzzers the same defaults when it is not set. LibTorch keeps
-# process-lifetime allocations, so leak checking is off, as in --config=asan.
-export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0:detect_container_overflow=0}:abort_on_error=1"
+# give the fuzzers the same defaults when it is not set: leak checking on, as
+# in --config=asan (LibTorch's process-lifetime allocations stay reachable
+# from its globals, so LeakSanitizer does not report them), and container-
+# overflow checks off, because LibTorch's STL is not instrumented.
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:detect_container_overflow=0}:abort_on_error=1"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}:halt_on_error=1"
 
 "$fuzzer" -artifact_prefix="$artifacts/" -print_final_stats=1 "$@" "$scratch" "$seeds"

@@ -13,6 +13,9 @@
 # 3. The Python package's tests (python/tests) with the set-up's venv pytest,
 #    against the package Bazel builds (//python:package, on PYTHONPATH; the
 #    venv itself is not changed). Counted in the summary as area `python`.
+# 4. `bazel test --config=tsan //utils:tensor_attrs_test`: the attribute
+#    table's concurrency test (threads sharing one tensor) under
+#    ThreadSanitizer, in its own output folders. Counted as area `tsan`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 tools/setup.sh
@@ -26,5 +29,8 @@ echo "[test] python: bazel build //python:package, then pytest python/tests"
 pytest_xml="$(mktemp -d)/pytest.xml"
 trap 'rm -rf "$(dirname "$pytest_xml")"' EXIT
 tools/pytest.sh "$pytest_xml" || status=$?
-tools/summarize_tests.py --pytest-xml "python=$pytest_xml" "$testlogs" || status=$?
+echo "[test] bazel test --config=tsan //utils:tensor_attrs_test $*"
+bazel test --config=tsan "$@" //utils:tensor_attrs_test || status=$?
+tsan_xml="$(readlink -f bazel-testlogs)/utils/tensor_attrs_test/test.xml"
+tools/summarize_tests.py --pytest-xml "python=$pytest_xml" --junit "tsan=$tsan_xml" "$testlogs" || status=$?
 exit $status
