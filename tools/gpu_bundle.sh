@@ -16,11 +16,11 @@ BENCH_TARGETS=()
 for b in bench/*_bench.cc; do
   [ -e "$b" ] && BENCH_TARGETS+=("//bench:$(basename "$b" .cc)")
 done
-bazel build --config=gpu "${TARGETS[@]}"
+bazel build "${TARGETS[@]}"
 [ ${#BENCH_TARGETS[@]} -eq 0 ] || bazel build -c opt "${BENCH_TARGETS[@]}"
 rm -rf gpu_bundle
 mkdir -p gpu_bundle/bin gpu_bundle/lib
-bin="$(bazel info --config=gpu bazel-bin)"
+bin="$(bazel info bazel-bin)"
 for t in "${TARGETS[@]}"; do
   p="${t#//}"
   cp -L "$bin/${p/://}" gpu_bundle/bin/
