@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Assembles the main job's report from what the battery left behind.
 
-  tools/report.py --testlogs DIR --out DIR [--harness JSON] [--bench DIR]
+  tools/report.py --testlogs DIR --out DIR [--harness JSON] [--bench DIR] [--junit NAME=FILE]
 
 Reads the gtest XML and logs under the Bazel testlogs folder, the reload
 harness's JSON report and the benchmark comparison (if any), and writes
@@ -26,14 +26,19 @@ import testlogs as testlogs_reader  # noqa: E402
 AREAS = ["utils", "conformance", "fuzz", "bench"]
 
 
-def read_tests(testlogs):
-    """Per target: passed/failed/skipped cases, skip reasons, fuzz counts.
+def read_tests(testlogs, junit=()):
+    """Per target: area, passed/failed/skipped cases, skip reasons, fuzz counts.
 
-    The XML is read by tools/testlogs.py (shards merged under their target).
+    The XML is read by tools/testlogs.py (shards merged under their target);
+    `junit` adds NAME=FILE JUnit files (pytest's) as area NAME.
     """
+    found = [(t, t.label[2:].split("/")[0].split(":")[0]) for t in testlogs_reader.read_testlogs(testlogs)]
+    for spec in junit:
+        name, _, path = spec.partition("=")
+        found.append((testlogs_reader.read_junit(path, f"{name} ({os.path.basename(path)})", package=name), name))
     targets = {}
-    for target in testlogs_reader.read_testlogs(testlogs):
-        t = {"passed": target.count("passed"), "failed": target.count("failed"),
+    for target, area in found:
+        t = {"area": area, "passed": target.count("passed"), "failed": target.count("failed"),
              "skipped": target.count("skipped"), "properties": {},
              "skips": [f"{c.name}: {c.message}" for c in target.cases if c.status == "skipped"]}
         for log in target.logs:
@@ -54,14 +59,15 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--harness")
     ap.add_argument("--bench")
+    ap.add_argument("--junit", action="append", default=[], metavar="NAME=FILE",
+                    help="a JUnit XML file (pytest's) whose cases count as area NAME")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
-    targets = read_tests(args.testlogs)
+    targets = read_tests(args.testlogs, args.junit)
     areas = {}
     for label, t in targets.items():
-        area = label[2:].split("/")[0].split(":")[0]
-        a = areas.setdefault(area, {"passed": 0, "failed": 0, "skipped": 0})
+        a = areas.setdefault(t["area"], {"passed": 0, "failed": 0, "skipped": 0})
         for k in a:
             a[k] += t[k]
     skips = [f"{label} {s}" for label, t in targets.items() for s in t["skips"]]
@@ -81,15 +87,20 @@ def main():
         md += [f"| {k} | {v} |" for k, v in sorted(fuzz.items())]
     if harness:
         md += ["", f"## Reload harness ({harness['reloads']} reloads per mode, {harness['device']})", "",
-               "| backend | normal | direct | verdict |", "| --- | --- | --- | --- |"]
+               "| backend | normal | direct | tensors read (declared/undeclared) | verdict |",
+               "| --- | --- | --- | --- | --- |"]
         for b in harness["backends"]:
             def cell(m):
                 s = "error" if m.get("error") else ("kept" if m["violation_count"] == 0
                                                     else f"{m['violation_count']} violations")
+                if m.get("warnings"):
+                    s += f", {len(m['warnings'])} warnings"
                 return s + ("" if m["expected_to_pass"] else " (not claimed)")
+            normal = b["modes"]["normal"]
+            reads = f"{normal.get('declared_reads', '-')}/{normal.get('undeclared_reads', '-')}"
             verdict = ("flagged (negative control)" if b["ok"] else "NOT FLAGGED") if b["negative_control"] \
                 else ("pass" if b["ok"] else "FAIL")
-            md.append(f"| {b['name']} | {cell(b['modes']['normal'])} | {cell(b['modes']['direct'])} | {verdict} |")
+            md.append(f"| {b['name']} | {cell(normal)} | {cell(b['modes']['direct'])} | {reads} | {verdict} |")
     if bench:
         md += [""] + bench_markdown(bench)
 

@@ -65,6 +65,6 @@ echo "${PIPESTATUS[0]}" > "$out/bench/compare.rc"
 
 step "5/5 report"
 python3 tools/report.py --testlogs "$(bazel info bazel-testlogs 2>/dev/null)" --out "$out" \
-  --harness "$out/harness.json" --bench "$out/bench" || status=1
+  --harness "$out/harness.json" --bench "$out/bench" --junit "python=$out/python.xml" || status=1
 echo "[run] report: $out/report.md"
 exit $status
