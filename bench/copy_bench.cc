@@ -29,6 +29,7 @@
 // the page cache when the timed region starts: 1 warm, about 0 cold).
 #include "bench/bench_main.h"
 #include "bench/checkpoint_file.h"
+#include "bench/limit_copy.h"
 #include "utils/copy_weight.h"
 #include "utils/dense_copy.h"
 
@@ -284,19 +285,8 @@ void limit_copy(benchmark::State& state, int threads, bool stream) {
     at::Tensor dst = resident_cpu_bytes(nbytes, 0);
     auto* d = static_cast<uint8_t*>(dst.data_ptr());
     const auto* s = static_cast<const uint8_t*>(src.const_data_ptr());
-    const auto copy = [&](int64_t begin, int64_t end) {
-      if (stream) {
-        stream_copy_bytes(d + begin, s + begin, end - begin);
-      } else {
-        std::memcpy(d + begin, s + begin, end - begin);
-      }
-    };
     time_iterations(state, nullptr, Cache::kWarm, [&] {
-      if (threads == 1) {
-        copy(0, nbytes);
-      } else {
-        at::parallel_for(0, nbytes, std::max<int64_t>(nbytes / threads, 1), copy);
-      }
+      limit_copy_bytes(d, s, nbytes, threads, stream);
       benchmark::ClobberMemory();
     });
     state.SetLabel(std::string(stream ? "AVX2 streaming stores" : "memcpy") +

@@ -29,6 +29,7 @@
 // and holds the new values, and fails otherwise: a path that silently
 // reallocated would measure the wrong thing.
 #include "bench/bench_main.h"
+#include "bench/limit_copy.h"
 #include "utils/dense_copy.h"
 #include "utils/layer.h"
 #include "utils/reload_context.h"
@@ -135,19 +136,8 @@ void copy_limit(benchmark::State& state, int threads, bool stream) {
   at::Tensor dst = at::zeros({n}, at::kByte);
   auto* d = static_cast<uint8_t*>(dst.data_ptr());
   const auto* s = static_cast<const uint8_t*>(src.const_data_ptr());
-  const auto copy = [&](int64_t begin, int64_t end) {
-    if (stream) {
-      stream_copy_bytes(d + begin, s + begin, end - begin);
-    } else {
-      std::memcpy(d + begin, s + begin, end - begin);
-    }
-  };
   for (auto _ : state) {
-    if (threads == 1) {
-      copy(0, n);
-    } else {
-      at::parallel_for(0, n, std::max<int64_t>(n / threads, 1), copy);
-    }
+    limit_copy_bytes(d, s, n, threads, stream);
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(state.iterations() * n);

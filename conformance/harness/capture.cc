@@ -9,11 +9,7 @@
 namespace reloadsafe::harness {
 namespace {
 
-std::string hex(const void* p) {
-  std::ostringstream os;
-  os << p;
-  return os.str();
-}
+using trace::to_hex;
 
 // Substrings of the names of ops whose results are random draws.
 constexpr const char* kRandomOps[] = {"rand",        "normal",   "bernoulli",    "dropout",
@@ -121,21 +117,22 @@ std::vector<Violation> CapturedForward::compare(const trace::ReadTrace& retrace,
       const std::string where = ra.where(a.name);
       if (!rb.external) {
         out.push_back(Violation{reload, label, "now made inside the forward",
-                                hex(ra.data_ptr) + " " + ra.layout(),
-                                hex(rb.data_ptr) + " " + rb.layout(), where});
+                                to_hex(ra.data_ptr) + " " + ra.layout(),
+                                to_hex(rb.data_ptr) + " " + rb.layout(), where});
         continue;
       }
       if (ra.data_ptr != rb.data_ptr) {
         out.push_back(
-            Violation{reload, label, "address", hex(ra.data_ptr), hex(rb.data_ptr), where});
+            Violation{reload, label, "address", to_hex(ra.data_ptr), to_hex(rb.data_ptr), where});
       }
       if (ra.storage != rb.storage) {
-        out.push_back(Violation{reload, label, "storage", hex(ra.storage), hex(rb.storage), where});
+        out.push_back(
+            Violation{reload, label, "storage", to_hex(ra.storage), to_hex(rb.storage), where});
       } else if (ra.storage_data != rb.storage_data || ra.storage_nbytes != rb.storage_nbytes) {
         out.push_back(Violation{
             reload, label, "storage resized or moved",
-            hex(ra.storage_data) + " " + std::to_string(ra.storage_nbytes) + " B",
-            hex(rb.storage_data) + " " + std::to_string(rb.storage_nbytes) + " B", where});
+            to_hex(ra.storage_data) + " " + std::to_string(ra.storage_nbytes) + " B",
+            to_hex(rb.storage_data) + " " + std::to_string(rb.storage_nbytes) + " B", where});
       }
       if (!same_layout(ra, rb)) {
         out.push_back(Violation{reload, label, "layout", ra.layout(), rb.layout(), where});

@@ -15,11 +15,7 @@
 namespace reloadsafe::harness {
 namespace {
 
-std::string hex(const void* p) {
-  std::ostringstream os;
-  os << p;
-  return os.str();
-}
+using trace::to_hex;
 
 // What the protocol records of a declared tensor.
 struct TensorRecord {
@@ -98,14 +94,15 @@ void compare_records(const Records& before, const Records& after, int reload, Vi
     }
     const TensorRecord& a = it->second;
     if (a.data_ptr != b.data_ptr)
-      sink.add(reload, name, "address", hex(b.data_ptr), hex(a.data_ptr));
-    if (a.storage != b.storage) sink.add(reload, name, "storage", hex(b.storage), hex(a.storage));
+      sink.add(reload, name, "address", to_hex(b.data_ptr), to_hex(a.data_ptr));
+    if (a.storage != b.storage)
+      sink.add(reload, name, "storage", to_hex(b.storage), to_hex(a.storage));
     if (a.storage == b.storage &&
         (a.storage_ptr != b.storage_ptr || a.storage_nbytes != b.storage_nbytes)) {
       // The same storage object, reallocated or resized under the tensor.
       sink.add(reload, name, "storage resized or moved",
-               hex(b.storage_ptr) + " " + std::to_string(b.storage_nbytes) + " B",
-               hex(a.storage_ptr) + " " + std::to_string(a.storage_nbytes) + " B");
+               to_hex(b.storage_ptr) + " " + std::to_string(b.storage_nbytes) + " B",
+               to_hex(a.storage_ptr) + " " + std::to_string(a.storage_nbytes) + " B");
     }
     if (a.layout != b.layout) sink.add(reload, name, "layout", b.layout, a.layout);
   }

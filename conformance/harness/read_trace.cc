@@ -79,6 +79,12 @@ TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericMode, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&trace_fallback>());
 }
 
+std::string to_hex(const void* p) {
+  std::ostringstream os;
+  os << p;
+  return os.str();
+}
+
 std::string TensorRead::layout() const {
   std::ostringstream os;
   os << c10::toString(dtype) << c10::IntArrayRef(sizes) << " stride " << c10::IntArrayRef(strides)

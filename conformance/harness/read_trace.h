@@ -107,6 +107,9 @@ struct TensorRead {
   std::string where(const std::string& op_name) const;
 };
 
+/// `p` as reports print addresses ("0x7f3a..."; "0" for null).
+std::string to_hex(const void* p);
+
 /// One op call seen by the trace.
 struct OpCall {
   std::string name;  ///< "aten::mm", with the overload: "aten::add.Tensor"
