@@ -17,6 +17,6 @@ if [[ $status -ne 0 ]]; then
   name=$(basename "$test_binary")
   echo
   echo "Replay the failing case (the RC_PARAMS line above) in the CI test:"
-  echo "  bazel test //fuzz:$name --test_env=RC_PARAMS=\"reproduce=<string>\""
+  echo "  bazel test //$(dirname "$test_binary"):$name --test_env=RC_PARAMS=\"reproduce=<string>\""
 fi
 exit $status
