@@ -42,17 +42,29 @@ CheckpointFile::CheckpointFile(int64_t nbytes) : nbytes_(nbytes) {
   TORCH_CHECK(fd_ >= 0, "CheckpointFile: cannot create a file in ", scratch_dir(), ": ",
               errno_text(), " (set RELOADSAFE_BENCH_DIR to a writable folder)");
   unlink(path.c_str());
-  constexpr int64_t kChunkWords = 1 << 17;  // 1 MiB
-  std::vector<int64_t> chunk(kChunkWords);
-  for (int64_t done = 0; done < nbytes;) {
-    const int64_t n = std::min<int64_t>(kChunkWords * 8, nbytes - done);
+  write_contents();
+}
+
+void CheckpointFile::write_contents() const {
+  // Writes of 64 MiB (2 MiB-aligned): the page cache keeps what a writer of
+  // large tensors leaves, folios of up to 2 MiB (Note [Page-cache folios]).
+  constexpr int64_t kChunkWords = int64_t{8} << 20;
+  std::vector<int64_t> chunk(std::min(kChunkWords, nbytes_ / 8));
+  for (int64_t done = 0; done < nbytes_;) {
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(chunk.size()) * 8, nbytes_ - done);
     for (int64_t w = 0; w < n / 8; ++w) chunk[w] = done + 8 * w;
-    const ssize_t wrote = pwrite(fd_, chunk.data(), n, done);
-    TORCH_CHECK(wrote > 0, "CheckpointFile: writing ", nbytes, " bytes to ", scratch_dir(),
-                " failed at byte ", done, ": ", errno_text());
-    done += wrote;
+    for (int64_t put = 0; put < n;) {
+      const ssize_t wrote = pwrite(fd_, reinterpret_cast<const char*>(chunk.data()) + put,
+                                   n - put, done + put);
+      TORCH_CHECK(wrote > 0, "CheckpointFile: writing ", nbytes_, " bytes to ", scratch_dir(),
+                  " failed at byte ", done + put, ": ", errno_text());
+      put += wrote;
+    }
+    done += n;
   }
+  // Clean pages: POSIX_FADV_DONTNEED does not evict dirty ones.
   TORCH_CHECK(fsync(fd_) == 0, "CheckpointFile: fsync failed: ", errno_text());
+  evicted_since_write_ = false;
 }
 
 CheckpointFile::~CheckpointFile() {
@@ -71,9 +83,18 @@ const CheckpointFile& CheckpointFile::shared(int64_t nbytes) {
 void CheckpointFile::drop_cached() const {
   const int err = posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);
   TORCH_CHECK(err == 0, "posix_fadvise(POSIX_FADV_DONTNEED) failed: ", std::strerror(err));
+  evicted_since_write_ = true;
 }
 
-void CheckpointFile::make_resident() const {
+void CheckpointFile::make_warm_as_written() const {
+  if (!evicted_since_write_ && resident_fraction() == 1.0) return;
+  // Pages still cached would keep their folios through a write: evict first.
+  drop_cached();
+  write_contents();
+}
+
+void CheckpointFile::make_warm_reread() const {
+  drop_cached();
   std::vector<char> buf(8 << 20);
   for (int64_t off = 0; off < nbytes_; off += static_cast<int64_t>(buf.size())) {
     read(buf.data(), off, std::min<int64_t>(buf.size(), nbytes_ - off));

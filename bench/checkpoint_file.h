@@ -6,9 +6,24 @@
 // offset is caught), and every mapping of it is read-only. So warm and cold
 // runs read identical bytes, and no benchmark can dirty the file's pages:
 // dirty pages would survive POSIX_FADV_DONTNEED and turn a "cold" run warm.
+// (make_warm_as_written() writes the same bytes again, and syncs them.)
+//
+// Note [Page-cache folios]
+// How fast a fresh mapping of a resident file can be read depends on the
+// size of the page-cache folios holding it, not only on residency: a folio
+// of 2 MiB is mapped with one page-table entry at its first fault, 4 KiB
+// folios take an entry each (faulted 16 at a time, and torn down one by one
+// at munmap). On the 2-vCPU VMs this project runs on (Linux 6.18, ext4) a
+// fresh mapping of 16 MiB in 4 KiB folios costs about as much as copying
+// the 16 MiB. The folio sizes come from how the pages got there: a large
+// write (a checkpoint writer writes a tensor with one call) leaves folios of
+// up to 2 MiB; reading the file back from disk leaves what readahead chose,
+// small at the file's start and larger further in. So the benchmarks name
+// the state they start from: warm as written, warm after a re-read, cold.
 //
 // Usage:
 //   const CheckpointFile& file = CheckpointFile::shared(64 << 20);
+//   file.make_warm_as_written();              // or make_warm_reread(), or
 //   file.drop_cached();                       // cold: outside the timed region
 //   ReadOnlyMapping map(file);                // fresh mapping: faults are timed
 //   dst.copy_(map.bytes());
@@ -23,7 +38,7 @@ namespace reloadsafe::bench {
 class CheckpointFile {
  public:
   /// Creates a file of `nbytes` (a multiple of 8) in scratch_dir(), writes
-  /// the pattern and fsyncs it. The file is unlinked at once: it disappears
+  /// the pattern (in writes of up to 64 MiB) and fsyncs it. The file is unlinked at once: it disappears
   /// with the process, even if the process is killed.
   explicit CheckpointFile(int64_t nbytes);
   ~CheckpointFile();
@@ -42,8 +57,17 @@ class CheckpointFile {
   /// that no mapping holds are evicted: unmap before calling.
   void drop_cached() const;
 
-  /// Reads the whole file once, so that it is resident in the page cache.
-  void make_resident() const;
+  /// Makes the file resident in the folios a writer's large writes leave
+  /// (Note [Page-cache folios]): if it was evicted since it was last
+  /// written, evicts it all and writes the same bytes again in 64 MiB writes
+  /// (synced).
+  /// Slow only then (a write of the file); a no-op when already so.
+  void make_warm_as_written() const;
+
+  /// Evicts the file and reads it back once in 8 MiB preads, so that it is
+  /// resident in the folios readahead chose: how a checkpoint looks after an
+  /// earlier load from disk.
+  void make_warm_reread() const;
 
   /// The fraction of the file's pages resident in the page cache (mincore on
   /// a mapping that is not touched).
@@ -57,8 +81,14 @@ class CheckpointFile {
   bool holds_contents(const at::Tensor& t) const;
 
  private:
+  // Writes the pattern over the whole file and syncs it.
+  void write_contents() const;
+
   int64_t nbytes_;
   int fd_;
+  // Whether the page cache may no longer hold the file as written (it was
+  // evicted since). Benchmarks of one process run one at a time.
+  mutable bool evicted_since_write_ = false;
 };
 
 /// A read-only private mapping of a whole CheckpointFile, unmapped on
