@@ -389,9 +389,12 @@ def slug(text):
 
 
 def machine_of(context):
-    """The machine a result was measured on, below its kind: the CPU model as
-    a slug, plus "__" and the GPU model where the binary found one."""
-    cpu = slug(context.get("cpu_model", "unknown cpu"))
+    """The machine a result was measured on, below its kind: the CPU model
+    and, on x86, its family and model numbers (one name, such as "AMD EPYC",
+    covers several generations on virtual machines), as a slug, plus "__" and
+    the GPU model where the binary found one."""
+    cpu = slug(" ".join(filter(None, (context.get("cpu_model", "unknown cpu"),
+                                      context.get("cpu_id")))))
     if context.get("gpu_driver"):  # only present when a GPU was found
         return cpu + "__" + slug(str(context.get("gpu", "gpu")).split(" (")[0])
     return cpu
@@ -399,7 +402,10 @@ def machine_of(context):
 
 def describe_machine(context):
     gpu = context.get("gpu", "") if context.get("gpu_driver") else "no GPU"
-    return f"{context.get('cpu_model', 'unknown CPU')}, {gpu}"
+    cpu = context.get("cpu_model", "unknown CPU")
+    if context.get("cpu_id"):
+        cpu += f" ({context['cpu_id']})"
+    return f"{cpu}, {gpu}"
 
 
 def baseline_path(baselines, kind, machine, binary_name):
@@ -664,7 +670,7 @@ def check_context(base_ctx, cur_ctx):
     if cur_ctx.get("reloadsafe_build", "opt") != "opt":
         warnings.append(f"this run's binary is not optimised ({cur_ctx['reloadsafe_build']}): "
                         f"build with -c opt")
-    for key in ("cpu_model", "gpu", "num_cpus", "scratch_fs", "torch_threads"):
+    for key in ("cpu_model", "cpu_id", "gpu", "num_cpus", "kernel", "scratch_fs", "torch_threads"):
         b, c = base_ctx.get(key), cur_ctx.get(key)
         if b is not None and c is not None and str(b).split(" (")[0] != str(c).split(" (")[0]:
             warnings.append(f"{key} differs from the baseline's: {c!r} vs {b!r}")
@@ -747,7 +753,7 @@ def process(results_path, args, plt, base_results=None):
     elif mode == "none" and not args.update_baseline and not args.record_missing:
         print(f"[compare] no baseline for this machine yet: {record_cmd}")
     for w in check_context(base_ctx, cur_ctx):
-        if mode != "other-machine baseline" or not w.startswith(("cpu_model", "gpu")):
+        if mode != "other-machine baseline" or not w.startswith(("cpu_model", "cpu_id", "gpu")):
             print(f"[compare] warning: {w}")
     if args.filter:  # a filtered run is compared with the same part of the baseline
         base = {n: s for n, s in base.items() if matches_filter(args.filter, n)}

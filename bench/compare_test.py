@@ -213,6 +213,11 @@ class MachineTest(unittest.TestCase):
     def test_machine_of(self):
         cases = [
             ({"cpu_model": "AMD EPYC"}, "amd-epyc"),
+            ({"cpu_model": "AMD EPYC", "cpu_id": "family 25 model 1"}, "amd-epyc-family-25-model-1"),
+            ({"cpu_model": "AMD EPYC", "cpu_id": "family 25 model 17"},
+             "amd-epyc-family-25-model-17"),
+            ({"cpu_model": "Arm implementer 0x41 part 0xd4f", "cpu_id": ""},
+             "arm-implementer-0x41-part-0xd4f"),
             ({"cpu_model": "Intel(R) Xeon(R) CPU @ 2.20GHz"}, "intel-r-xeon-r-cpu-2-20ghz"),
             ({"cpu_model": "AMD EPYC", "gpu": "none (no driver)"}, "amd-epyc"),
             ({"cpu_model": "AMD EPYC", "gpu": "NVIDIA H200", "gpu_driver": "580"},

@@ -54,6 +54,17 @@ std::string cpu_model() {
   return "unknown (no model in /proc/cpuinfo)";
 }
 
+// The CPU's generation where the model name does not say it: virtual
+// machines often show "AMD EPYC" for every generation, and the family and
+// model numbers (25/1 is Milan, 25/17 Genoa) tell them apart. Empty where
+// /proc/cpuinfo has no such fields (Arm: its part number is in cpu_model).
+std::string cpu_id() {
+  const std::string family = proc_field("/proc/cpuinfo", {"cpu family"});
+  const std::string model = proc_field("/proc/cpuinfo", {"model\t"});
+  if (family.empty() || model.empty()) return {};
+  return "family " + family + " model " + model;
+}
+
 std::string kernel() {
   utsname u{};
   if (uname(&u) != 0) return "unknown (uname failed)";
@@ -230,6 +241,7 @@ std::vector<ContextEntry> machine_context() {
   std::vector<ContextEntry> context = {
       {"machine_kind", machine_kind()},
       {"cpu_model", cpu_model()},
+      {"cpu_id", cpu_id()},
       {"kernel", kernel()},
       {"scratch_dir", dir},
       {"scratch_fs", filesystem_of(dir)},

@@ -60,7 +60,8 @@ const GpuInfo& gpu_info();
 /// present, else "cpu-<N>core" with N the number of online CPUs.
 std::string machine_kind();
 
-/// Every context entry, in a fixed order: machine_kind, cpu_model, kernel,
+/// Every context entry, in a fixed order: machine_kind, cpu_model, cpu_id
+/// (x86 "family F model M", empty elsewhere), kernel,
 /// scratch_dir, scratch_fs, page_size, libtorch_version, torch_threads,
 /// omp_env (OMP_NUM_THREADS and OMP_WAIT_POLICY: on a small machine under
 /// load, OpenMP's spin-waiting decides copy_ timings), reloadsafe_build,
