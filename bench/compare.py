@@ -24,8 +24,9 @@ Stored baselines live in bench/baselines/<kind>/<machine>/<binary>.json
 (Google Benchmark JSON, as the binary wrote it). The kind is --kind, else
 $RELOADSAFE_BENCH_KIND, else the machine_kind the binary reports in its
 context ("cpu-2core" on a 2-core machine without a GPU, the GPU's name such as
-"nvidia-h200" with one); <machine> is the CPU model as a slug, plus the GPU
-model where there is one ("amd-epyc", "intel-xeon-platinum-8480__nvidia-h200").
+"nvidia-h200" with one); <machine> is the CPU model (with, on x86, its family
+and model numbers) as a slug, plus the GPU model where there is one
+("amd-epyc-family-25-model-1", "intel-xeon-platinum-8480-family-6-model-143__nvidia-h200").
 Only a baseline of the same machine gates. A baseline of the same kind but
 another CPU or GPU model is compared for information (verdict "differs", never
 a failure), with the command that records one for this machine.
