@@ -82,6 +82,7 @@ const char* cache_name(Cache c) {
   }
   return "?";
 }
+
 enum class StrategyId {
   kMmapCopy,
   kCopyWeightTouch,
