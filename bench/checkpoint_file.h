@@ -38,8 +38,8 @@ namespace reloadsafe::bench {
 class CheckpointFile {
  public:
   /// Creates a file of `nbytes` (a multiple of 8) in scratch_dir(), writes
-  /// the pattern (in writes of up to 64 MiB) and fsyncs it. The file is unlinked at once: it disappears
-  /// with the process, even if the process is killed.
+  /// the pattern (in writes of up to 64 MiB) and fsyncs it. The file is
+  /// unlinked at once: it disappears with the process, even if it is killed.
   explicit CheckpointFile(int64_t nbytes);
   ~CheckpointFile();
   CheckpointFile(const CheckpointFile&) = delete;
@@ -60,8 +60,7 @@ class CheckpointFile {
   /// Makes the file resident in the folios a writer's large writes leave
   /// (Note [Page-cache folios]): if it was evicted since it was last
   /// written, evicts it all and writes the same bytes again in 64 MiB writes
-  /// (synced).
-  /// Slow only then (a write of the file); a no-op when already so.
+  /// (synced): slow only then, a no-op when already so.
   void make_warm_as_written() const;
 
   /// Evicts the file and reads it back once in 8 MiB preads, so that it is

@@ -381,5 +381,39 @@ class ABTest(unittest.TestCase):
         self.assertEqual(rc, 0, out)
 
 
+class StoredBaselineRunTest(ABTest):
+    """Without --base, each repetition is a process of its own (Note
+    [Repetitions are processes]), recorded and compared as such."""
+
+    def run_stored(self, *argv):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rc = compare.main(["--no-charts", "--results-dir", self.dir,
+                               "--baselines", os.path.join(self.dir, "baselines"), *argv])
+        return rc, out.getvalue()
+
+    def test_recorded_and_compared_over_processes(self):
+        reps = []
+        self.fake_runs({"head": [10, 14, 12]})
+        fake = compare.run_binary
+        compare.run_binary = lambda b, a, d, repetitions=None, tag="": (
+            reps.append(repetitions), fake(b, a, d, repetitions, tag))[1]
+        rc, out = self.run_stored("--record-missing", "--repetitions", "3", "fake_bench")
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(reps, [1, 1, 1])
+        recorded = os.path.join(self.dir, "baselines", "testkind", "unknown-cpu", "fake_bench.json")
+        _, stats = compare.load_results(recorded)
+        self.assertEqual(sorted(stats["BM_A/bytes:8/real_time"].times), [10000, 12000, 14000])
+        # A process inside the baseline's spread of processes is not a regression...
+        self.fake_runs({"head": [13, 14, 13]})
+        rc, out = self.run_stored("--repetitions", "3", "fake_bench")
+        self.assertEqual(rc, 0, out)
+        # ...every process beyond it is.
+        self.fake_runs({"head": [30, 31, 32]})
+        rc, out = self.run_stored("--repetitions", "3", "fake_bench")
+        self.assertEqual(rc, 1, out)
+        self.assertIn("SLOWER", out)
+
+
 if __name__ == "__main__":
     unittest.main()
