@@ -641,13 +641,12 @@ def merge_runs(paths, out_path):
 def merge_targets(paths, out_path):
     """The targets of several runs of one binary: per (description, bytes),
     the median of the runs' values, judged against the bound again."""
-    rows, basis = {}, ""
+    rows = {}
     for path in paths:
         if not os.path.exists(path):
             continue
         with open(path) as f:
             t = json.load(f)
-        basis = t.get("basis", basis)
         for x in t["targets"]:
             rows.setdefault((x["description"], x["bytes"]), []).append(x)
     targets = []
@@ -659,8 +658,8 @@ def merge_targets(paths, out_path):
         x["runs"] = len(xs)
         targets.append(x)
     with open(out_path, "w") as f:
-        json.dump({"basis": f"median over {len(paths)} runs of the per-run ratios "
-                            f"({basis.split(',')[0] if basis else 'one run each'})",
+        json.dump({"basis": f"median over {len(paths)} runs (one process each) of the "
+                            f"per-run ratios",
                    "targets": targets}, f, indent=1)
     return out_path
 
