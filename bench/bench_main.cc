@@ -155,6 +155,11 @@ int run_benchmarks(int argc, char** argv, const BenchMainOptions& options) {
   for (const auto& [key, value] : options.context) benchmark::AddCustomContext(key, value);
   for (const auto& [key, value] : calibrate_dense_copy()) benchmark::AddCustomContext(key, value);
   benchmark::AddCustomContext("reloadsafe_references", references_of(options));
+  if (!options.informational.empty()) {
+    std::string prefixes;
+    for (const std::string& p : options.informational) prefixes += (prefixes.empty() ? "" : ";") + p;
+    benchmark::AddCustomContext("reloadsafe_informational", prefixes);
+  }
 
   // Read before Initialize, which removes benchmark's flags from argv.
   const std::map<std::string, Measurement>* measured = nullptr;

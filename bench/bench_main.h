@@ -62,6 +62,12 @@ struct BenchMainOptions {
   /// slowdown relative to the limit of the same run, so a machine that is
   /// slower as a whole is not taken for a regression.
   std::vector<LimitReference> references;
+  /// Name prefixes of benchmarks whose speed depends on state outside the
+  /// code (the page cache's folio sizes after readahead, which depend on
+  /// how fragmented free memory is). Written to the context as
+  /// `reloadsafe_informational` ("a/;b/"): bench/compare.py reports their
+  /// differences as information ("varies"), never as a regression.
+  std::vector<std::string> informational;
   /// Context entries besides machine_context() (e.g. which optional
   /// benchmarks were registered).
   std::vector<ContextEntry> context;

@@ -52,6 +52,10 @@ The rule (time per iteration, per benchmark, over the repetitions):
   ok      anything else; new / missing / error: benchmarks in only one of the
           two runs, or that failed (an error also makes the exit status 1).
   differs SLOWER or faster against another machine's baseline (information).
+  varies  SLOWER or faster for a benchmark the binary lists in its context's
+          reloadsafe_informational (name prefixes): its speed depends on state
+          outside the code, such as the page cache's folio sizes after
+          readahead (information).
 
 A limit may have alternatives ("memcpy/|stream_copy/"): the fastest of those
 measured in both runs is used.
@@ -288,6 +292,10 @@ def print_table(rows, threshold, out=None, gating=True):
     if gating:
         print(f"({summary}; SLOWER = median more than {threshold:.0%} slower, ranges apart, and "
               f"more than {threshold:.0%} slower relative to its limit in the same run)", file=out)
+        if "varies" in counts:
+            print("(varies = SLOWER or faster, for a benchmark whose speed depends on state "
+                  "outside the code (its binary's reloadsafe_informational): information)",
+                  file=out)
     else:
         print(f"({summary}; differs = median more than {threshold:.0%} apart and ranges apart, "
               f"against another machine's baseline: information, not a verdict)", file=out)
@@ -734,13 +742,25 @@ def summarize_targets(targets):
     return fams
 
 
-def gating_verdicts(rows, same_machine):
+def parse_informational(context):
+    """Name prefixes from a context's reloadsafe_informational ("a/;b/"):
+    benchmarks whose speed depends on state outside the code."""
+    return [p for p in str(context.get("reloadsafe_informational", "")).split(";") if p]
+
+
+def gating_verdicts(rows, same_machine, informational=()):
     """The rows' verdicts as they count: against another machine's baseline,
-    SLOWER and faster become "differs" (information)."""
-    if same_machine:
-        return rows
-    return [(n, b, c, r, rel, "differs" if v in ("SLOWER", "faster") else v)
-            for n, b, c, r, rel, v in rows]
+    SLOWER and faster become "differs"; for a benchmark the binary calls
+    informational, "varies" (both information, never a failure)."""
+    out = []
+    for n, b, c, r, rel, v in rows:
+        if v in ("SLOWER", "faster"):
+            if not same_machine:
+                v = "differs"
+            elif any(n.startswith(p) for p in informational):
+                v = "varies"
+        out.append((n, b, c, r, rel, v))
+    return out
 
 
 def process(results_path, args, plt, base_results=None):
@@ -787,7 +807,8 @@ def process(results_path, args, plt, base_results=None):
     if args.filter:  # a filtered run is compared with the same part of the baseline
         base = {n: s for n, s in base.items() if matches_filter(args.filter, n)}
     references = parse_references(cur_ctx) or parse_references(base_ctx)
-    rows = gating_verdicts(compare(base, cur, args.threshold, references), same)
+    informational = parse_informational(cur_ctx) or parse_informational(base_ctx)
+    rows = gating_verdicts(compare(base, cur, args.threshold, references), same, informational)
     print_table(rows, args.threshold, gating=same)
 
     targets_file = os.path.splitext(results_path)[0] + ".targets.json"

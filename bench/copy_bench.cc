@@ -477,6 +477,9 @@ BenchMainOptions register_benchmarks(bool large) {
     if (!dest.cuda) {
       options.references.emplace_back("BM_FileCopy/" + dest.name + "/reread/",
                                       "BM_Limit/cpu/memcpy/|BM_Limit/cpu/stream_copy/");
+      // Readahead's folio sizes depend on free memory's fragmentation: the
+      // same code on the same machine measured 21.9 and 28.3 ms at 256 MiB.
+      options.informational.push_back("BM_FileCopy/" + dest.name + "/reread/");
     }
   }
   options.context = {{"copy_bench_sizes", size_list},

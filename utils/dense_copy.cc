@@ -18,6 +18,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace reloadsafe {
 namespace {
@@ -111,18 +112,25 @@ void for_each_chunk(size_t n, F&& f) {
 // no eviction traffic). Where that happens depends on the cache sizes, the
 // memory system and the number of threads copying, so it is measured, not
 // assumed: both ways, through the same parallel split dense_copy_ uses, at
-// sizes doubling from 256 KiB to 128 MiB. Each way runs in blocks of
+// sizes doubling from 256 KiB to 64 MiB. Each way runs in blocks of
 // back-to-back copies (as the benchmarks' limits do: alternating single
 // copies would leave the destination evicted by the streaming copy before
 // every memcpy), at least three copies and 16 MiB per block after an untimed
 // first one, two blocks each way, keeping each way's faster block mean: load
 // from other processes only adds time. Time is each chunk's thread CPU time
-// (seconds_of), which preemption does not inflate. The crossover is the first
-// size from which streaming is at least 5% faster at three consecutive sizes
-// (measuring stops there); never, if that does not happen. Under heavy load
-// from other processes (cache thrashing, not only preemption) the result
-// still moves between runs: see bench/README.md.
-
+// (seconds_of), which preemption does not inflate.
+//
+// The crossover is then the threshold that loses least over all the sizes
+// measured (crossover_loss): memcpy below it, streaming from it on, each
+// size's loss being its chosen way's excess over the better way, as a
+// fraction of the better way's time. Streaming is charged 5% extra, so that
+// it is chosen only where it wins clearly (it leaves nothing cached for the
+// next reader, which these copies do not measure). An earlier rule (the
+// first of three consecutive sizes where streaming won by 5%) let one noisy
+// size restart the count: in one process of five the crossover came out at
+// 64 MiB instead of 4-8 MiB, and its 16 MiB copies ran 1.5x slower. A single
+// noisy size moves the least-loss threshold only when the two ways are close
+// there, where the choice costs little either way.
 // Per thread count: 0 not measured yet, -1 never, else the crossover in
 // bytes (zero-initialised: static storage).
 constexpr int kMaxThreads = 512;
@@ -168,21 +176,56 @@ double block_seconds(uint8_t* d, const uint8_t* s, size_t n, bool stream, int re
   return total / reps;
 }
 
+// One measured size: the mean seconds of a copy each way.
+struct CopyTiming {
+  size_t bytes;
+  double cached;
+  double streamed;
+};
+
+// Streaming's handicap in the choice (Note [Crossover calibration]).
+constexpr double kStreamHandicap = 1.05;
+
+// The time lost, as fractions of the better way's time summed over the
+// sizes, when memcpy copies timings[0, k) and streaming the rest.
+double crossover_loss(const std::vector<CopyTiming>& timings, size_t k) {
+  double loss = 0;
+  for (size_t i = 0; i < timings.size(); ++i) {
+    const double cached = timings[i].cached;
+    const double streamed = timings[i].streamed * kStreamHandicap;
+    const double best = std::min(cached, streamed);
+    if (best <= 0) continue;
+    loss += ((i < k ? cached : streamed) - best) / best;
+  }
+  return loss;
+}
+
+// The least-loss crossover of `timings` (sizes ascending): a measured size,
+// or kNever. Of equal losses the larger threshold wins (memcpy keeps the
+// copy cached for the next reader).
+int64_t least_loss_crossover(const std::vector<CopyTiming>& timings) {
+  size_t best_k = timings.size();  // never stream
+  double best_loss = crossover_loss(timings, best_k);
+  for (size_t k = timings.size(); k-- > 0;) {
+    const double loss = crossover_loss(timings, k);
+    if (loss < best_loss) {
+      best_loss = loss;
+      best_k = k;
+    }
+  }
+  return best_k == timings.size() ? kNever : static_cast<int64_t>(timings[best_k].bytes);
+}
+
 int64_t measure_crossover() {
   if (!stream_copy_supported()) return kNever;
-  constexpr size_t kLast = size_t{128} << 20;
+  constexpr size_t kLast = size_t{64} << 20;
   std::unique_ptr<uint8_t, FreeDeleter> src(static_cast<uint8_t*>(std::aligned_alloc(64, kLast)));
   std::unique_ptr<uint8_t, FreeDeleter> dst(static_cast<uint8_t*>(std::aligned_alloc(64, kLast)));
   if (!src || !dst) return kNever;  // no memory to measure with: keep copy_'s behaviour
-  size_t touched = 0;
-  int64_t first_win = kNever;
-  int wins = 0;
+  std::memset(src.get(), 1, kLast);  // fault everything in, outside the timing
+  std::memset(dst.get(), 0, kLast);
+  std::vector<CopyTiming> timings;
   for (size_t n = kFirstCandidate; n <= kLast; n *= 2) {
-    if (n > touched) {  // fault the new part in, outside the timing
-      std::memset(src.get() + touched, 1, n - touched);
-      std::memset(dst.get() + touched, 0, n - touched);
-      touched = n;
-    }
     double cached = std::numeric_limits<double>::infinity();
     double streamed = cached;
     // Small sizes copy many times per block, so that each block's total
@@ -192,17 +235,9 @@ int64_t measure_crossover() {
       cached = std::min(cached, block_seconds(dst.get(), src.get(), n, false, reps));
       streamed = std::min(streamed, block_seconds(dst.get(), src.get(), n, true, reps));
     }
-    if (streamed < 0.95 * cached) {
-      if (first_win == kNever) {
-        first_win = static_cast<int64_t>(n);
-        wins = 0;
-      }
-      if (++wins == 3) return first_win;
-    } else {
-      first_win = kNever;
-    }
+    timings.push_back({n, cached, streamed});
   }
-  return first_win;
+  return least_loss_crossover(timings);
 }
 
 std::optional<int64_t> crossover_from_env() {
