@@ -1,5 +1,7 @@
 #include "utils/dense_copy.h"
 
+#include "utils/crossover_rule.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
@@ -121,7 +123,7 @@ void for_each_chunk(size_t n, F&& f) {
 // (seconds_of), which preemption does not inflate.
 //
 // The crossover is then the threshold that loses least over all the sizes
-// measured (crossover_loss): memcpy below it, streaming from it on, each
+// measured (least_loss_crossover, utils/crossover_rule.h): memcpy below it, streaming from it on, each
 // size's loss being its chosen way's excess over the better way, as a
 // fraction of the better way's time. Streaming is charged 5% extra, so that
 // it is chosen only where it wins clearly (it leaves nothing cached for the
@@ -176,46 +178,6 @@ double block_seconds(uint8_t* d, const uint8_t* s, size_t n, bool stream, int re
   return total / reps;
 }
 
-// One measured size: the mean seconds of a copy each way.
-struct CopyTiming {
-  size_t bytes;
-  double cached;
-  double streamed;
-};
-
-// Streaming's handicap in the choice (Note [Crossover calibration]).
-constexpr double kStreamHandicap = 1.05;
-
-// The time lost, as fractions of the better way's time summed over the
-// sizes, when memcpy copies timings[0, k) and streaming the rest.
-double crossover_loss(const std::vector<CopyTiming>& timings, size_t k) {
-  double loss = 0;
-  for (size_t i = 0; i < timings.size(); ++i) {
-    const double cached = timings[i].cached;
-    const double streamed = timings[i].streamed * kStreamHandicap;
-    const double best = std::min(cached, streamed);
-    if (best <= 0) continue;
-    loss += ((i < k ? cached : streamed) - best) / best;
-  }
-  return loss;
-}
-
-// The least-loss crossover of `timings` (sizes ascending): a measured size,
-// or kNever. Of equal losses the larger threshold wins (memcpy keeps the
-// copy cached for the next reader).
-int64_t least_loss_crossover(const std::vector<CopyTiming>& timings) {
-  size_t best_k = timings.size();  // never stream
-  double best_loss = crossover_loss(timings, best_k);
-  for (size_t k = timings.size(); k-- > 0;) {
-    const double loss = crossover_loss(timings, k);
-    if (loss < best_loss) {
-      best_loss = loss;
-      best_k = k;
-    }
-  }
-  return best_k == timings.size() ? kNever : static_cast<int64_t>(timings[best_k].bytes);
-}
-
 int64_t measure_crossover() {
   if (!stream_copy_supported()) return kNever;
   constexpr size_t kLast = size_t{64} << 20;
@@ -237,7 +199,8 @@ int64_t measure_crossover() {
     }
     timings.push_back({n, cached, streamed});
   }
-  return least_loss_crossover(timings);
+  const std::optional<size_t> crossover = least_loss_crossover(timings);
+  return crossover ? static_cast<int64_t>(*crossover) : kNever;
 }
 
 std::optional<int64_t> crossover_from_env() {

@@ -13,8 +13,9 @@
 // AVX2 streaming (non-temporal) stores, which write around the cache and win
 // once a copy no longer fits in it. Which one, is decided by the size of the
 // copy against a crossover measured on this machine, for the current thread
-// count, the first time a copy large enough to matter is made (about
-// about half a second, once; thread-safe; see Note [Crossover calibration] in the source).
+// count, the first time a copy large enough to matter is made (about half
+// a second, once; thread-safe; see Note [Crossover calibration] in the
+// source and utils/crossover_rule.h).
 // Nothing here is tuned to one CPU. Without AVX2 (checked at run time) every
 // chunk uses memcpy. memcpy of a dense same-dtype range is what `copy_`
 // produces, minus its per-call set-up (TensorIterator, dispatch).
