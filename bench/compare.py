@@ -602,10 +602,16 @@ def run_separately(binary, args):
     name = os.path.basename(binary)
     outputs = [run_binary(binary, args, args.results_dir, repetitions=1, tag=f".{i}")
                for i in range(args.repetitions)]
-    merged = merge_runs(outputs, os.path.join(args.results_dir, name + ".json"))
-    merge_targets([os.path.splitext(p)[0] + ".targets.json" for p in outputs],
-                  os.path.splitext(merged)[0] + ".targets.json")
-    return merged
+    return merge_outputs(outputs, os.path.join(args.results_dir, name + ".json"))
+
+
+def merge_outputs(paths, out_path):
+    """merge_runs and merge_targets of one binary's runs (each run's targets
+    beside its results as .targets.json); returns out_path."""
+    merge_runs(paths, out_path)
+    merge_targets([os.path.splitext(p)[0] + ".targets.json" for p in paths],
+                  os.path.splitext(out_path)[0] + ".targets.json")
+    return out_path
 
 
 # Note [Repetitions are processes]
@@ -895,11 +901,8 @@ def run_ab(specs, args, plt):
         for i, side in enumerate(interleaved_order(args.repetitions)):
             outputs[side].append(run_binary(sides[side], args, args.results_dir, repetitions=1,
                                             tag=f".{side}.{i // 2}"))
-        head = merge_runs(outputs["head"], os.path.join(args.results_dir, f"{name}.json"))
-        base = merge_runs(outputs["base"], os.path.join(args.results_dir, f"{name}.base.json"))
-        for side, out in (("head", head), ("base", base)):
-            merge_targets([os.path.splitext(p)[0] + ".targets.json" for p in outputs[side]],
-                          os.path.splitext(out)[0] + ".targets.json")
+        head = merge_outputs(outputs["head"], os.path.join(args.results_dir, f"{name}.json"))
+        base = merge_outputs(outputs["base"], os.path.join(args.results_dir, f"{name}.base.json"))
         ok = process(head, args, plt, base_results=base) and ok
     return ok
 

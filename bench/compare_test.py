@@ -312,8 +312,8 @@ class InterleaveTest(unittest.TestCase):
         self.assertEqual(t[0]["runs"], 3)
 
 
-class ABTest(unittest.TestCase):
-    """--base with the build and the binaries replaced by canned results."""
+class FakeRunsCase(unittest.TestCase):
+    """compare.main with the build and the binaries replaced by canned results."""
 
     def setUp(self):
         self.dir = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
@@ -330,13 +330,19 @@ class ABTest(unittest.TestCase):
         for n, f in self.saved.items():
             setattr(compare, n, f)
 
+    baselines_dir = "none"  # under self.dir: A/B needs no stored baseline
+
     def fake_runs(self, times):
-        """run_binary writing `times[side]` (a list, one per call) as the results."""
+        """run_binary writing `times[side]` (a list, one per call) as the
+        results; each call's side goes to self.calls, its repetitions to
+        self.repetitions."""
         counters = {"head": 0, "base": 0}
+        self.repetitions = []
 
         def run(binary, args, results_dir, repetitions=None, tag=""):
             side = "base" if binary.startswith("/base") else "head"
             self.calls.append(side)
+            self.repetitions.append(repetitions)
             t = times[side][counters[side] % len(times[side])]
             counters[side] += 1
             data = results({"BM_A/bytes:8/real_time": [t], "BM_L/bytes:8/real_time": [5]})
@@ -352,8 +358,12 @@ class ABTest(unittest.TestCase):
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             rc = compare.main(["--no-charts", "--results-dir", self.dir,
-                               "--baselines", os.path.join(self.dir, "none"), *argv])
+                               "--baselines", os.path.join(self.dir, self.baselines_dir), *argv])
         return rc, out.getvalue()
+
+
+class ABTest(FakeRunsCase):
+    """--base: both sides run interleaved and are judged against each other."""
 
     def test_head_slower_than_base_fails(self):
         self.fake_runs({"head": [20, 21, 22], "base": [10, 11, 12]})
@@ -395,36 +405,27 @@ class InformationalTest(unittest.TestCase):
         self.assertEqual(got, ["differs", "differs", "differs"])
 
 
-class StoredBaselineRunTest(ABTest):
+class StoredBaselineRunTest(FakeRunsCase):
     """Without --base, each repetition is a process of its own (Note
     [Repetitions are processes]), recorded and compared as such."""
 
-    def run_stored(self, *argv):
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            rc = compare.main(["--no-charts", "--results-dir", self.dir,
-                               "--baselines", os.path.join(self.dir, "baselines"), *argv])
-        return rc, out.getvalue()
+    baselines_dir = "baselines"
 
     def test_recorded_and_compared_over_processes(self):
-        reps = []
         self.fake_runs({"head": [10, 14, 12]})
-        fake = compare.run_binary
-        compare.run_binary = lambda b, a, d, repetitions=None, tag="": (
-            reps.append(repetitions), fake(b, a, d, repetitions, tag))[1]
-        rc, out = self.run_stored("--record-missing", "--repetitions", "3", "fake_bench")
+        rc, out = self.run_main("--record-missing", "--repetitions", "3", "fake_bench")
         self.assertEqual(rc, 0, out)
-        self.assertEqual(reps, [1, 1, 1])
+        self.assertEqual(self.repetitions, [1, 1, 1])
         recorded = os.path.join(self.dir, "baselines", "testkind", "unknown-cpu", "fake_bench.json")
         _, stats = compare.load_results(recorded)
         self.assertEqual(sorted(stats["BM_A/bytes:8/real_time"].times), [10000, 12000, 14000])
         # A process inside the baseline's spread of processes is not a regression...
         self.fake_runs({"head": [13, 14, 13]})
-        rc, out = self.run_stored("--repetitions", "3", "fake_bench")
+        rc, out = self.run_main("--repetitions", "3", "fake_bench")
         self.assertEqual(rc, 0, out)
         # ...every process beyond it is.
         self.fake_runs({"head": [30, 31, 32]})
-        rc, out = self.run_stored("--repetitions", "3", "fake_bench")
+        rc, out = self.run_main("--repetitions", "3", "fake_bench")
         self.assertEqual(rc, 1, out)
         self.assertIn("SLOWER", out)
 

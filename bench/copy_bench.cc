@@ -140,8 +140,8 @@ at::Tensor resident_cpu_bytes(int64_t n, uint8_t value) {
 // Note [The limit's source pages]
 // A resident file written in large writes is mapped in 2 MiB pages (Note
 // [Page-cache folios] in checkpoint_file.h), and a copy out of 2 MiB pages
-// takes fewer TLB misses than one out of LibTorch's 4 KiB-page buffers: up
-// to about 10% faster here. A limit that the strategies judged against it
+// takes fewer TLB misses than one out of LibTorch's 4 KiB-page buffers:
+// about 5-15% less time here. A limit that the strategies judged against it
 // can beat is no limit, so the limit copies read a source in 2 MiB pages
 // (anonymous, 2 MiB-aligned, madvise(MADV_HUGEPAGE)) where transparent huge
 // pages are allowed; the destination is a LibTorch buffer, as for the
