@@ -21,6 +21,13 @@ bool same_layout(const trace::TensorRead& a, const trace::TensorRead& b) {
          a.dtype == b.dtype && a.device == b.device;
 }
 
+// A tensor whose storage the replay may look at: not a Python subclass
+// (whose storage, if any, is not what kernels read, and may throw).
+bool plain_storage(const at::Tensor& t) {
+  return t.defined() && !t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python) &&
+         t.has_storage();
+}
+
 bool is_random(const std::string& op) {
   return std::any_of(std::begin(kRandomOps), std::end(kRandomOps),
                      [&](const char* s) { return op.find(s) != std::string::npos; });
@@ -210,7 +217,13 @@ std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
   std::unordered_map<const c10::TensorImpl*, at::Tensor> made;
   std::string missing;
   auto map = [&](const at::Tensor& t) -> at::Tensor {
-    if (!t.defined() || !t.has_storage()) return t;
+    if (t.defined() && !plain_storage(t)) {
+      // A subclass tensor (or one without storage): the replayed result in
+      // its place if an op made it, else the one held.
+      auto it = made.find(t.unsafeGetTensorImpl());
+      return it == made.end() ? t : it->second;
+    }
+    if (!plain_storage(t)) return t;
     if (trace_->classify(t.storage().unsafeGetStorageImpl()).value_or(true)) return t;
     auto it = made.find(t.unsafeGetTensorImpl());
     if (it == made.end()) {
@@ -264,7 +277,7 @@ std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
   }
   auto it = made.find(output_.unsafeGetTensorImpl());
   if (it != made.end()) return it->second;
-  if (output_.has_storage() &&
+  if (plain_storage(output_) &&
       trace_->classify(output_.storage().unsafeGetStorageImpl()).value_or(true)) {
     return output_;  // the forward returned a tensor it did not make
   }

@@ -402,14 +402,17 @@ std::string to_table(const std::vector<BackendReport>& reports) {
     return std::to_string(r.modes[0].declared_reads) + "/" +
            std::to_string(r.modes[0].undeclared_reads);
   };
-  os << std::left << std::setw(24) << "backend" << std::setw(30) << "normal reload" << std::setw(30)
+  size_t name_width = 24;  // at least two spaces after the longest name
+  for (const auto& r : reports) name_width = std::max(name_width, r.name.size() + 2);
+  const int w = static_cast<int>(name_width);
+  os << std::left << std::setw(w) << "backend" << std::setw(30) << "normal reload" << std::setw(30)
      << "direct reload" << std::setw(12) << "reads d/u"
      << "verdict\n";
   for (const auto& r : reports) {
     const std::string verdict = r.negative_control
                                     ? (r.ok() ? "flagged (negative control)" : "NOT FLAGGED")
                                     : (r.ok() ? "pass" : "FAIL");
-    os << std::setw(24) << r.name << std::setw(30) << (r.modes.size() > 0 ? cell(r.modes[0]) : "")
+    os << std::setw(w) << r.name << std::setw(30) << (r.modes.size() > 0 ? cell(r.modes[0]) : "")
        << std::setw(30) << (r.modes.size() > 1 ? cell(r.modes[1]) : "") << std::setw(12) << reads(r)
        << verdict << "\n";
   }
