@@ -19,7 +19,7 @@ std::string series_of(const std::string& name) {
   std::stringstream in(name);
   for (std::string part; std::getline(in, part, '/');) parts.push_back(part);
   while (!parts.empty() && (parts.back() == "real_time" || parts.back() == "manual_time" ||
-                            starts_with(parts.back(), "bytes:"))) {
+                            parts.back() == "process_time" || starts_with(parts.back(), "bytes:"))) {
     parts.pop_back();
   }
   return parts.empty() ? name : parts.back();
