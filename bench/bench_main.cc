@@ -2,6 +2,7 @@
 
 #include "utils/dense_copy.h"
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
 
@@ -15,6 +16,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 
 namespace reloadsafe::bench {
@@ -125,7 +127,7 @@ int all_cores() {
   return std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
 }
 
-std::vector<ContextEntry> calibrate_dense_copy() {
+std::vector<ContextEntry> calibrate_dense_copy(const std::vector<int64_t>& copy_sizes) {
   const auto describe = [](int64_t bytes) {
     return bytes == std::numeric_limits<int64_t>::max() ? std::string("never")
                                                         : std::to_string(bytes);
@@ -136,6 +138,19 @@ std::vector<ContextEntry> calibrate_dense_copy() {
     ScopedThreads scoped(threads);
     entries.push_back({"dense_copy_stream_from_bytes_threads_" + std::to_string(threads),
                        describe(stream_crossover_bytes())});
+    for (int64_t n : copy_sizes) {
+      if (!large_copy_streams(static_cast<size_t>(n)).has_value()) {
+        // The first copy of a band measures it (on its own buffers).
+        const at::Tensor src = at::ones({n}, at::kByte);
+        at::Tensor dst = at::empty({n}, at::kByte);
+        dense_copy_(dst, src);
+      }
+      if (const std::optional<bool> streams = large_copy_streams(static_cast<size_t>(n))) {
+        entries.push_back({"dense_copy_band_" + std::to_string(n) + "_threads_" +
+                               std::to_string(threads),
+                           *streams ? "stream" : "memcpy"});
+      }
+    }
     if (threads == all_cores()) break;
   }
   return entries;
@@ -153,7 +168,8 @@ int run_benchmarks(int argc, char** argv, const BenchMainOptions& options) {
   }
   for (const auto& [key, value] : machine_context()) benchmark::AddCustomContext(key, value);
   for (const auto& [key, value] : options.context) benchmark::AddCustomContext(key, value);
-  for (const auto& [key, value] : calibrate_dense_copy()) benchmark::AddCustomContext(key, value);
+  for (const auto& [key, value] : calibrate_dense_copy(options.copy_sizes))
+    benchmark::AddCustomContext(key, value);
   benchmark::AddCustomContext("reloadsafe_references", references_of(options));
   if (!options.informational.empty()) {
     std::string prefixes;

@@ -26,6 +26,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <cstdint>
 #include <exception>
 #include <optional>
 #include <string>
@@ -73,6 +74,11 @@ struct BenchMainOptions {
   std::vector<ContextEntry> context;
   /// Lines describing the binary's own flags, printed by --help.
   std::string help;
+  /// Sizes the binary's dense copies make. dense_copy_ decides copies of
+  /// 128 MiB and more by measuring the first copy of their band (Note
+  /// [Copies above the calibrated range] in utils/dense_copy.cc): the main
+  /// makes one of each, on both thread counts, before any benchmark runs.
+  std::vector<int64_t> copy_sizes;
 };
 
 /// Calls `body`, turning an exception into a failed benchmark with its
@@ -105,9 +111,12 @@ class ScopedThreads {
 int all_cores();
 
 /// Measures dense_copy_'s streaming crossover for 1 and all_cores() threads
-/// before any benchmark runs, so that no timed iteration pays for it, and
-/// returns the context entries that record it.
-std::vector<ContextEntry> calibrate_dense_copy();
+/// before any benchmark runs, and the bands of `copy_sizes` above it (one
+/// dense copy of each size), so that no timed iteration pays for it, and
+/// returns the context entries that record them
+/// (`dense_copy_stream_from_bytes_threads_<N>`,
+/// `dense_copy_band_<bytes>_threads_<N>`: stream or memcpy).
+std::vector<ContextEntry> calibrate_dense_copy(const std::vector<int64_t>& copy_sizes = {});
 
 /// Initialises Google Benchmark with argv, runs the benchmarks the flags
 /// select, prints the targets, and returns the exit status: 1 for an

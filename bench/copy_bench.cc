@@ -406,6 +406,7 @@ BenchMainOptions register_benchmarks(bool large) {
   options.help =
       "  --reloadsafe_large                also measure 1 GiB (a 1 GiB scratch file, 3 GiB of "
       "memory)\n";
+  options.copy_sizes = sizes;
   std::string populate_why;
   const bool populate_ok = populate_read_supported(&populate_why);
   std::string cuda_why;

@@ -2,6 +2,7 @@
 // limit of the same bytes, and the cost of deciding that a tensor does not fit.
 //
 //   bazel run -c opt //bench:replace_bench -- --benchmark_out=$PWD/replace.json
+//   bazel run -c opt //bench:replace_bench -- --reloadsafe_large   # adds 128 and 512 MiB
 //
 // Names (sizes 4 KiB to 256 MiB, the bytes the new tensor holds):
 //   BM_Replace/in_place/bytes:<N>/real_time       same layout: copied into the
@@ -46,6 +47,7 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <vector>
 
 namespace reloadsafe::bench {
 namespace {
@@ -158,14 +160,20 @@ void in_own_storage_decision(benchmark::State& state) {
   });
 }
 
-BenchMainOptions register_benchmarks() {
-  const auto sized = [](benchmark::internal::Benchmark* b) {
-    return b->ArgName("bytes")
-        ->RangeMultiplier(4)
-        ->Range(4 << 10, 256 << 20)
-        ->Unit(benchmark::kMicrosecond);
+BenchMainOptions register_benchmarks(bool large) {
+  // With --reloadsafe_large, also the sizes around and above dense_copy_'s
+  // sweep (128 and 512 MiB; about 2 GiB of memory at 512 MiB).
+  const std::vector<int64_t> extra =
+      large ? std::vector<int64_t>{int64_t{128} << 20, int64_t{512} << 20} : std::vector<int64_t>{};
+  const auto sized = [extra](benchmark::internal::Benchmark* b) {
+    b->ArgName("bytes")->RangeMultiplier(4)->Range(4 << 10, 256 << 20);
+    for (int64_t n : extra) b->Arg(n);
+    return b->Unit(benchmark::kMicrosecond);
   };
   BenchMainOptions options;
+  options.help = "  --reloadsafe_large  also measure 128 and 512 MiB (about 2 GiB of memory)\n";
+  options.copy_sizes = {int64_t{256} << 20};
+  options.copy_sizes.insert(options.copy_sizes.end(), extra.begin(), extra.end());
   struct Series {
     std::string prefix;  // "BM_Replace/" or "BM_Replace/all_cores/"
     int threads;
@@ -210,5 +218,8 @@ BenchMainOptions register_benchmarks() {
 }  // namespace reloadsafe::bench
 
 int main(int argc, char** argv) {
-  return reloadsafe::bench::run_benchmarks(argc, argv, reloadsafe::bench::register_benchmarks());
+  const bool large =
+      reloadsafe::bench::take_flag(&argc, argv, "reloadsafe_large").has_value();
+  return reloadsafe::bench::run_benchmarks(argc, argv,
+                                           reloadsafe::bench::register_benchmarks(large));
 }
