@@ -14,6 +14,9 @@
 #   side against another LibTorch instead.
 # - user.bazelrc in the checkout: a Bazel disk cache in the same cache folder,
 #   so a fresh clone does not rebuild what another clone already built.
+# - A second Python environment, $CACHE/venv-torch2.15, with the newest
+#   supported torch (the test command tests both ends of the range), and
+#   pytest-xdist in both (the newest-torch block below).
 set -euo pipefail
 
 TORCH_VERSION=2.11.0
