@@ -8,7 +8,7 @@
 # Checks, and writes as JUnit XML (one case each) to JUNIT_XML:
 #   passing_backend_passes  `bazel test //:my_kernels_reload_test` passes; its
 #                           test.xml has the test ReloadHarness.fused_qkv and
-#                           its log the harness's table with fused_qkv ok.
+#                           its log the harness's table with fused_qkv: pass.
 #   violation_fails         `bazel test //:rebuilt_reload_test` (a backend that
 #                           rebuilds its fused weight) fails; its test.xml has
 #                           a failure naming the tensor `qkv`.
@@ -68,8 +68,8 @@ def passing():
     if any(f for _, f in cases):
         return "test.xml has failures"
     rows = [line for line in log.splitlines() if line.startswith("fused_qkv ")]
-    if "verdict" not in log or not rows or not rows[-1].rstrip().endswith("ok"):
-        return "the test log has no harness table with fused_qkv ok"
+    if "verdict" not in log or not rows or not rows[-1].rstrip().endswith("pass"):
+        return "the test log has no harness table with fused_qkv's verdict pass"
     return None
 
 
