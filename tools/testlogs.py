@@ -86,10 +86,19 @@ def read_cases(path):
         root = ET.parse(path).getroot()
     except (ET.ParseError, OSError) as e:
         return [Case("", "failed", f"unreadable XML: {e}")]
-    cases = [_case(node) for node in root.iter("testcase")]
+    cases = []
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    for suite in suites or [root]:
+        # Properties of a suite (pytest's record_testsuite_property) hold for
+        # each of its cases, unless the case records its own.
+        shared = {p.get("name"): p.get("value") for p in suite.findall("properties/property")
+                  if p.get("name") is not None}
+        for node in suite.findall("testcase") if suites else root.iter("testcase"):
+            case = _case(node)
+            case.properties = {**shared, **case.properties}
+            cases.append(case)
     if cases:
         return cases
-    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
     bad = sum(int(s.get("failures", 0) or 0) + int(s.get("errors", 0) or 0) for s in suites)
     return [Case("", "failed" if bad else "passed")]
 

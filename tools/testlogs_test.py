@@ -64,9 +64,9 @@ PYTEST = """<?xml version="1.0" encoding="utf-8"?>
 <testcase classname="tests.test_api" name="test_setup" time="0.0"><error message="fixture failed">trace</error></testcase>
 </testsuite></testsuites>
 """
-# //tools:torch_version_test's gtest XML and a pytest case, each with the
-# torch_version property (gtest writes it as an attribute, pytest as a
-# <property>).
+# //tools:torch_version_test's gtest XML and pytest's, each with the
+# torch_version property (gtest writes it on the case, pytest's
+# record_testsuite_property on the suite).
 TORCH_VERSION_XML = """<?xml version="1.0" encoding="UTF-8"?>
 <testsuites tests="1" name="AllTests"><testsuite name="LibTorch" tests="1">
 <testcase name="HeadersAreTheVersionTheRepositoryRuleRead" status="run" result="completed"
@@ -74,9 +74,10 @@ TORCH_VERSION_XML = """<?xml version="1.0" encoding="UTF-8"?>
 </testsuite></testsuites>
 """
 PYTEST_TORCH = """<?xml version="1.0" encoding="utf-8"?>
-<testsuites><testsuite name="pytest" tests="1">
-<testcase classname="test_package" name="test_extension_matches_this_torch">
-<properties><property name="torch_version" value="%s" /></properties></testcase>
+<testsuites><testsuite name="pytest" tests="2">
+<properties><property name="torch_version" value="%s" /></properties>
+<testcase classname="test_package" name="test_extension_matches_this_torch" />
+<testcase classname="test_check" name="test_other" />
 </testsuite></testsuites>
 """
 
@@ -201,6 +202,7 @@ class TestlogsTest(unittest.TestCase):
         with open(out_json) as f:
             summary = json.load(f)
         self.assertEqual(summary["areas"]["cpp-newest"], {"passed": 3})
+        self.assertEqual(summary["areas"]["python-newest"], {"passed": 2})
         self.assertEqual(summary["torch_versions"], {"2.11.0+cu130": ["tools"],
                                                      "2.15.0+cu132": ["cpp-newest", "python-newest"]})
         self.assertIn("torch tested: 2.11.0+cu130 (tools); 2.15.0+cu132 (cpp-newest, python-newest)",

@@ -105,9 +105,10 @@ def check_torch(version, python, supported):
     return series
 
 
-def missing_debian_packages(needs=_DEBIAN_NEEDS):
-    """The Debian packages of `needs` whose files are absent."""
-    return [name for name, present in needs if not present()]
+def missing_debian_packages(needs=None):
+    """The Debian packages of `needs` (default: what the build needs) whose
+    files are absent."""
+    return [name for name, present in (_DEBIAN_NEEDS if needs is None else needs) if not present()]
 
 
 def python_headers_missing(python, env):

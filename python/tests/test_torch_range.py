@@ -1,11 +1,14 @@
 """The supported torch range: the build backend's checks before it runs Bazel
 (what it tells a user whose environment has no torch, a torch out of range,
-or a machine without the build's Debian packages), and the import's refusal
-of a torch other than the one the extension was built against."""
+or a machine without the build's Debian packages), the import's refusal of a
+torch other than the one the extension was built against, and deprecations
+from our own code failing the tests."""
+import importlib.metadata
 import importlib.util
 import pathlib
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -54,7 +57,10 @@ def test_no_torch_says_to_install_one_first(backend):
 def test_the_torch_of_an_interpreter_is_read_without_importing_it(backend):
     import torch
 
-    assert backend.target_torch(sys.executable, None) == torch.__version__
+    # The distribution's version, without the local part (+cu132).
+    found = backend.target_torch(sys.executable, None)
+    assert found == importlib.metadata.version("torch")
+    assert torch.__version__.startswith(found)
 
 
 def test_missing_debian_packages_are_named_in_one_command(backend, monkeypatch):
@@ -88,3 +94,14 @@ def test_import_refuses_another_torch_and_says_how_to_rebuild():
     assert "was built against torch" in out
     assert "imports torch 2.99.0" in out
     assert f"{sys.executable} -m pip install --force-reinstall --no-deps <reloadsafe checkout>/python" in out
+
+
+def test_a_deprecation_warned_from_our_code_fails_the_test():
+    # python/pyproject.toml turns deprecations attributed to reloadsafe's and
+    # the tests' own modules into errors: a newer torch that deprecates what
+    # we call (quantized tensor creation in 2.15) must fail the tests, not
+    # print a warning.
+    with pytest.raises(UserWarning, match="deprecated"):
+        warnings.warn("torch.quantize_per_tensor is deprecated", UserWarning)
+    with pytest.raises(DeprecationWarning):
+        warnings.warn("old API", DeprecationWarning)
