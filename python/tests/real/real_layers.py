@@ -21,9 +21,8 @@ without them (the tests skip a layer whose library is missing).
 from __future__ import annotations
 
 import ctypes
-import functools
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
