@@ -15,9 +15,11 @@ not produced by an op inside it; views of an external storage are external)::
 Tensor subclasses and opaque objects. A tensor that dispatches in Python (a
 ``__torch_dispatch__`` wrapper subclass, as torchao holds a quantized weight)
 is recorded as a read with ``subclass=True`` and no storage fields (nothing
-touches its storage); the reads that matter are those of the ops its dispatch
-calls on its inner tensors, one level deeper, and ``named_reads`` names them
-by ``named_tensors``' flattened names (``weight.qdata``). A TorchScript
+touches its storage). A subclass working through ``__torch_function__``
+(torchao's) calls its ops on the inner tensors in the open, and
+``named_reads`` names those reads by ``named_tensors``' flattened names
+(``weight.qdata``); inside a ``__torch_dispatch__`` PyTorch excludes the
+trace's dispatch key, so the reads made there are not recorded. A TorchScript
 custom-class object handed to an op (fbgemm's packed weight in
 ``quantized::linear_dynamic``) is an ``ObjectRead`` in ``OpCall.objects``,
 with its class name and identity; ``named_object_reads`` names it by
@@ -167,7 +169,7 @@ class Trace:
         """Each external read with the name (``named_tensors(module)``) of the
         tensor whose storage it reads, or None when the module does not reach
         it (a kernel object outside the module, a global) and for a
-        wrapper-subclass read (its inner reads carry the names). Only data
+        wrapper-subclass read (it has no storage of its own). Only data
         pointers the trace recorded are compared: no storage of a wrapper,
         sparse or mkldnn tensor is touched."""
         by_storage: Dict[int, str] = {}
@@ -194,7 +196,7 @@ class Trace:
         lines = []
         for r, name in rows:
             if r.subclass:
-                label = "(subclass: its inner reads follow)"
+                label = "(subclass wrapper: no storage of its own)"
             else:
                 label = name if name is not None else ("undeclared" if module is not None else "")
             lines.append(f"{r.where:<36} {label:<28} {r.layout}")

@@ -63,6 +63,19 @@ def test_bitsandbytes_quant_state_tensors_are_found():
 
 
 @pytest.mark.parametrize("cls", [rl.DispatchSubclassInPlace, rl.NestedSubclassInPlace], ids=lambda c: c.__name__)
+def test_trace_records_the_wrapper_without_touching_its_storage(cls):
+    layer = _loaded(cls)
+    with reloadsafe.trace() as t:
+        layer(torch.randn(*rl.INPUT_SHAPE))
+    wrapper_reads = [r for r in t.reads() if r.subclass]
+    assert wrapper_reads, "the mm's wrapper argument is recorded as a subclass read"
+    for r in wrapper_reads:
+        assert r.storage == 0 and r.storage_data_ptr == 0 and r.data_ptr == 0, r
+    table = t.format(layer)  # raised "invalid python storage" before
+    assert "subclass" in table
+
+
+@pytest.mark.parametrize("cls", [rl.DispatchSubclassInPlace, rl.NestedSubclassInPlace], ids=lambda c: c.__name__)
 @pytest.mark.xfail(
     strict=True,
     reason="inside __torch_dispatch__ PyTorch excludes every dispatch key above Python, the read "
