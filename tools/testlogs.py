@@ -4,6 +4,7 @@ and pytest.
 
   targets = read_testlogs("bazel-testlogs")          # every Bazel test target
   target = read_junit("results.xml", "//python:tests", package="python")
+  torch_versions(targets)                            # {"2.11.0+cu130": ["utils", ...]}
 
 A Bazel testlogs folder holds `<package>/<target>/test.xml` per test, or, for
 a sharded test (or one run several times), one folder per shard or run:
@@ -126,3 +127,16 @@ def read_testlogs(testlogs, packages=None):
     for target in targets.values():
         target.logs.sort()
     return [targets[label] for label in sorted(targets)]
+
+
+def torch_versions(targets):
+    """The torch versions the targets' cases recorded (the `torch_version`
+    property of //tools:torch_version_test and of the Python package's tests),
+    each with the packages that recorded it: {"2.15.0+cu132": ["python"]}."""
+    found = {}
+    for target in targets:
+        for case in target.cases:
+            version = case.properties.get("torch_version")
+            if version and target.package not in found.setdefault(version, []):
+                found[version].append(target.package)
+    return found
