@@ -27,7 +27,7 @@ from ._loader import _C  # noqa: F401  (loads torch first, checks the build)
 from .cases import MAX_CASE_STORAGE_BYTES, evaluate_case, run_cases
 from .check import MODES, ReloadReport, check_reload
 from .errors import ReloadCheckError, ReloadViolation
-from .loading import default_weight_loader, draw_checkpoint, load_checkpoint
+from .loading import CheckpointDrawer, default_weight_loader, draw_checkpoint, load_checkpoint
 from .reference import checked_extent, direct_reload, direct_reload_enabled, extent, in_own_storage, storage_view
 from .trace import ObjectRead, OpCall, TensorRead, Trace, trace
 from .walk import NamedObject, NamedTensor, named_objects, named_tensors
@@ -36,6 +36,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MAX_CASE_STORAGE_BYTES",
+    "CheckpointDrawer",
     "MODES",
     "NamedObject",
     "NamedTensor",

@@ -22,7 +22,7 @@ import torch
 
 from ._loader import _C
 from .errors import ReloadCheckError, ReloadViolation
-from .loading import Checkpoint, checkpoint_layouts, describe, draw_checkpoint, is_dense, load_checkpoint
+from .loading import Checkpoint, CheckpointDrawer, checkpoint_layouts, describe, is_dense, load_checkpoint
 from .walk import named_objects, named_tensors
 
 __all__ = ["check_reload", "ReloadReport", "MODES"]
@@ -229,6 +229,7 @@ class _Spec:
         if make_checkpoint is None:
             self._check_drawable(probe)
         self.layouts = checkpoint_layouts(probe)
+        self.drawer = CheckpointDrawer(self.layouts)  # one random draw per tensor, then copies
         if make_checkpoint is None and not self.layouts:
             raise ReloadCheckError(
                 f"check_reload: every parameter of {self.name} is empty, so no checkpoint can be "
@@ -292,7 +293,7 @@ class _Spec:
 
     def checkpoint(self, seed: int) -> Checkpoint:
         if self.user_checkpoint is None:
-            return draw_checkpoint(self.layouts, seed)
+            return self.drawer(seed)
         ckpt = self.user_checkpoint(seed)
         if not isinstance(ckpt, Mapping) or not all(
             isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in ckpt.items()
