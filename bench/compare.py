@@ -120,6 +120,16 @@ class Stats:
         return statistics.median(self.bps) if self.bps else 0.0
 
 
+def time_of(b, name):
+    """The time a benchmark is judged by: its process CPU time when it was
+    measured so (MeasureProcessCPUTime(): the name ends in /process_time; a
+    one-thread benchmark that preemption by other processes must not
+    inflate), else its real (or manual) time."""
+    if name.endswith("/process_time") and "cpu_time" in b:
+        return b["cpu_time"]
+    return b["real_time"]
+
+
 def load_results(path):
     """The JSON a benchmark binary wrote: (context, {name: Stats}).
 
@@ -137,7 +147,7 @@ def load_results(path):
         if b.get("error_occurred"):
             entry["error"] = b.get("error_message", "error")
             continue
-        entry["t"].append(b["real_time"] * UNIT_NS[b.get("time_unit", "ns")])
+        entry["t"].append(time_of(b, name) * UNIT_NS[b.get("time_unit", "ns")])
         if "bytes_per_second" in b:
             entry["bps"].append(b["bytes_per_second"])
         entry["label"] = b.get("label", "")
@@ -486,6 +496,16 @@ def shell_env():
     return env
 
 
+def has_benchmark(name, cwd):
+    """Whether the workspace at cwd defines //bench:<name> (an A/B base
+    older than a new benchmark does not)."""
+    try:
+        return subprocess.run(["bazel", "query", f"//bench:{name}"], cwd=cwd, env=shell_env(),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+    except OSError:
+        return False
+
+
 def stop_bazel(cwd):
     """Stops the Bazel server of the workspace at cwd (the base worktree's is
     not needed once its binaries are built)."""
@@ -732,13 +752,19 @@ def target_family(description):
     return description
 
 
+def target_unit(target):
+    """"ns" (a time) or "ratio"; results written before targets said which
+    were times exactly when they were upper bounds."""
+    return target.get("unit") or ("ns" if target["comparison"] == "<=" else "ratio")
+
+
 def summarize_targets(targets):
     """Per target description: met (all sizes), the worst value and its size."""
     fams = {}
     for x in targets:
         f = fams.setdefault(target_family(x["description"]),
                             {"met": True, "worst": None, "bytes": None, "bound": x["bound"],
-                             "comparison": x["comparison"], "rows": 0})
+                             "comparison": x["comparison"], "unit": target_unit(x), "rows": 0})
         f["rows"] += 1
         f["met"] = f["met"] and x["met"]
         worse = (f["worst"] is None or
@@ -890,17 +916,26 @@ def run_ab(specs, args, plt):
     where = args.base_dir or default_base_dir()
     commit = base_worktree(args.base, where, log)
     print(f"[compare] base: {args.base} = {commit[:12]} in {where}", flush=True)
+    # A benchmark the base does not have yet runs on the working tree only:
+    # every one of its benchmarks is "new".
+    on_base = [n for n in names if has_benchmark(n, where)]
+    for n in names:
+        if n not in on_base:
+            print(f"[compare] {args.base} has no //bench:{n}: its benchmarks are new", flush=True)
     if not args.no_build:
         build(names, TOP, log)
-        build(names, where, log)
+        build(on_base, where, log)
         stop_bazel(where)
     ok = True
     for name in names:
-        sides = {"head": resolve_binary(name, TOP), "base": resolve_binary(name, where)}
+        sides = {"head": resolve_binary(name, TOP)}
+        if name in on_base:
+            sides["base"] = resolve_binary(name, where)
         outputs = {"head": [], "base": []}
         for i, side in enumerate(interleaved_order(args.repetitions)):
-            outputs[side].append(run_binary(sides[side], args, args.results_dir, repetitions=1,
-                                            tag=f".{side}.{i // 2}"))
+            if side in sides:
+                outputs[side].append(run_binary(sides[side], args, args.results_dir,
+                                                repetitions=1, tag=f".{side}.{i // 2}"))
         head = merge_outputs(outputs["head"], os.path.join(args.results_dir, f"{name}.json"))
         base = merge_outputs(outputs["base"], os.path.join(args.results_dir, f"{name}.base.json"))
         ok = process(head, args, plt, base_results=base) and ok

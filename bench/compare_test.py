@@ -92,6 +92,23 @@ class ClassifyTest(unittest.TestCase):
         self.assertEqual(compare.classify(s, compare.Stats("b", [], [], error="x"), 0.25), "error")
 
 
+class ProcessTimeTest(unittest.TestCase):
+    def test_process_time_benchmarks_are_judged_by_cpu_time(self):
+        d = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        data = results({"BM_A/process_time": [10], "BM_B/real_time": [10]})
+        for b in data["benchmarks"]:
+            if b["run_type"] == "iteration":
+                b["cpu_time"] = 4  # preempted: the wall clock ran 10, the CPU 4
+        path = os.path.join(d, "r.json")
+        with open(path, "w") as f:
+            json.dump(data, f)
+        _, stats = compare.load_results(path)
+        self.assertEqual(stats["BM_A/process_time"].times, [4000])
+        self.assertEqual(stats["BM_B/real_time"].times, [10000])
+        self.assertEqual(compare.parse_name("BM_C/x/traced/bytes:8/process_time"),
+                         ("BM_C/x", "traced", 8))
+
+
 class ParseNameTest(unittest.TestCase):
     def test_names(self):
         self.assertEqual(
@@ -318,8 +335,10 @@ class FakeRunsCase(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
         self.saved = {n: getattr(compare, n) for n in
-                      ("base_worktree", "build", "resolve_binary", "run_binary", "stop_bazel")}
+                      ("base_worktree", "build", "resolve_binary", "run_binary", "stop_bazel",
+                       "has_benchmark")}
         compare.stop_bazel = lambda cwd: None
+        compare.has_benchmark = lambda name, cwd: True
         self.calls = []
         compare.base_worktree = lambda ref, where, log: "0" * 40
         compare.build = lambda names, cwd, log: None
@@ -389,6 +408,17 @@ class ABTest(FakeRunsCase):
         self.fake_runs({"head": [10, 30, 31], "base": [11, 12, 29]})
         rc, out = self.run_main("--base", "main", "--repetitions", "3", "fake_bench")
         self.assertEqual(rc, 0, out)
+
+    def test_a_benchmark_the_base_lacks_runs_on_the_working_tree_as_new(self):
+        self.fake_runs({"head": [10, 11, 12], "base": [1]})
+        compare.has_benchmark = lambda name, cwd: cwd == compare.TOP
+        rc, out = self.run_main("--base", "main", "--repetitions", "3", "fake_bench")
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(self.calls, ["head", "head", "head"])
+        with open(os.path.join(self.dir, "fake_bench.verdict.json")) as f:
+            v = json.load(f)
+        self.assertEqual(v["mode"], "ab")
+        self.assertEqual({k for fam in v["families"].values() for k in fam}, {"new"})
 
 
 class InformationalTest(unittest.TestCase):

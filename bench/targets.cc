@@ -76,6 +76,38 @@ std::optional<int64_t> bytes_of(const std::string& name) {
   }
 }
 
+namespace {
+
+// kTimeRatioAtMost: each candidate's time over the fastest limit of its size
+// (names without a size pair with limits without one).
+void append_time_ratios(const Target& t, const std::map<std::string, Measurement>& measured,
+                        std::vector<TargetResult>* results) {
+  constexpr int64_t kNoSize = -1;
+  const std::vector<std::string> limits = limit_prefixes(t.limit);
+  std::map<int64_t, double> fastest;
+  for (const auto& [name, m] : measured) {
+    if (m.time_ns <= 0) continue;
+    for (const std::string& prefix : limits) {
+      if (!starts_with(name, prefix)) continue;
+      const int64_t size = bytes_of(name).value_or(kNoSize);
+      auto it = fastest.find(size);
+      if (it == fastest.end() || m.time_ns < it->second) fastest[size] = m.time_ns;
+    }
+  }
+  for (const auto& [name, m] : measured) {
+    if (!starts_with(name, t.candidates)) continue;
+    const int64_t size = bytes_of(name).value_or(kNoSize);
+    if (size != kNoSize && size < t.min_bytes) continue;
+    auto it = fastest.find(size);
+    if (it == fastest.end()) continue;
+    const double ratio = m.time_ns / it->second;
+    results->push_back({t.description, size == kNoSize ? 0 : size, ratio, t.bound, true,
+                        ratio <= t.bound, name});
+  }
+}
+
+}  // namespace
+
 std::vector<TargetResult> evaluate_targets(const std::vector<Target>& targets,
                                            const std::map<std::string, Measurement>& measured) {
   std::vector<TargetResult> results;
@@ -83,8 +115,13 @@ std::vector<TargetResult> evaluate_targets(const std::vector<Target>& targets,
     if (t.kind == Target::Kind::kTimeAtMost) {
       for (const auto& [name, m] : measured) {
         if (!starts_with(name, t.candidates)) continue;
-        results.push_back({t.description, 0, m.time_ns, t.bound, true, m.time_ns <= t.bound, name});
+        results.push_back(
+            {t.description, 0, m.time_ns, t.bound, true, m.time_ns <= t.bound, name, true});
       }
+      continue;
+    }
+    if (t.kind == Target::Kind::kTimeRatioAtMost) {
+      append_time_ratios(t, measured, &results);
       continue;
     }
     // The limit of each size (the fastest of the alternatives), then the
@@ -136,9 +173,12 @@ void print_target_results(std::ostream& out, const std::vector<TargetResult>& re
   int met = 0;
   for (const TargetResult& r : results) {
     std::ostringstream value, bound;
-    if (r.at_most) {
+    if (r.is_time) {
       value << std::fixed << std::setprecision(1) << r.value << " ns";
       bound << "<= " << std::fixed << std::setprecision(0) << r.bound << " ns";
+    } else if (r.at_most) {
+      value << std::fixed << std::setprecision(2) << r.value;
+      bound << "<= " << std::fixed << std::setprecision(2) << r.bound;
     } else {
       value << std::fixed << std::setprecision(2) << r.value;
       bound << ">= " << std::fixed << std::setprecision(2) << r.bound;
@@ -146,7 +186,7 @@ void print_target_results(std::ostream& out, const std::vector<TargetResult>& re
     out << "  " << std::left << std::setw(7) << (r.met ? "met" : "MISSED") << std::right
         << std::setw(11) << value.str() << "  " << std::left << std::setw(12) << bound.str()
         << std::setw(10) << (r.bytes ? human_bytes(r.bytes) : std::string("-")) << r.description;
-    if (!r.at_most) out << " [" << series_of(r.candidate) << "]";
+    if (!r.is_time) out << " [" << series_of(r.candidate) << "]";
     out << "\n";
     met += r.met ? 1 : 0;
   }
@@ -161,7 +201,8 @@ void write_target_results_json(std::ostream& out, const std::vector<TargetResult
     out << (i ? "," : "") << "\n    {\"description\": " << json_string(r.description)
         << ", \"bytes\": " << r.bytes << ", \"value\": " << std::setprecision(6) << r.value
         << ", \"bound\": " << r.bound << ", \"comparison\": \"" << (r.at_most ? "<=" : ">=")
-        << "\", \"met\": " << (r.met ? "true" : "false")
+        << "\", \"unit\": \"" << (r.is_time ? "ns" : "ratio") << "\", \"met\": "
+        << (r.met ? "true" : "false")
         << ", \"benchmark\": " << json_string(r.candidate) << "}";
   }
   out << "\n  ]\n}\n";

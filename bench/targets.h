@@ -36,7 +36,8 @@
 namespace reloadsafe::bench {
 
 /// What one benchmark measured: its throughput (0 if it sets no bytes) and
-/// its time per iteration.
+/// its time per iteration (CPU time for a /process_time benchmark, else real
+/// or manual time).
 struct Measurement {
   double bytes_per_second = 0;
   double time_ns = 0;
@@ -51,6 +52,9 @@ struct Target {
     kBestAtLeast,  ///< the fastest candidate of each size: throughput / limit's >= bound
     kEachAtLeast,  ///< every candidate of each size: throughput / limit's >= bound
     kTimeAtMost,   ///< every candidate: time per iteration <= bound nanoseconds
+    /// every candidate: time per iteration / the limit's (same bytes, or both
+    /// without a size) <= bound: a cost against the work it cannot avoid
+    kTimeRatioAtMost,
   };
   Kind kind;
   std::string description;
@@ -60,7 +64,8 @@ struct Target {
   /// alternatives separated by '|' (e.g. "BM_Limit/cpu/memcpy/|BM_Limit/cpu/stream_copy/"):
   /// the limit of a size is then the fastest of them in the run.
   std::string limit;
-  /// Sizes below this are not judged (ratio kinds only).
+  /// Sizes below this are not judged (ratio kinds only; names without a
+  /// size are judged by kTimeRatioAtMost).
   int64_t min_bytes = 0;
   /// The ratio to reach, or the time in nanoseconds not to exceed.
   double bound = 0;
@@ -75,6 +80,7 @@ struct TargetResult {
   bool at_most = false;  ///< value must be <= bound (else >= bound)
   bool met = false;
   std::string candidate;  ///< the benchmark judged (the best one for kBestAtLeast)
+  bool is_time = false;   ///< value and bound are nanoseconds (kTimeAtMost), else a ratio
 };
 
 /// The alternatives of a Target::limit ("a|b" -> {"a", "b"}).
@@ -119,7 +125,11 @@ class RecordingReporter : public Base {
     const bool median = run.run_type == Run::RT_Aggregate && run.aggregate_name == "median";
     if (!single && !median) return;
     Measurement m;
-    m.time_ns = run.GetAdjustedRealTime() / benchmark::GetTimeUnitMultiplier(run.time_unit) * 1e9;
+    // A benchmark measured in process CPU time (MeasureProcessCPUTime(), its
+    // name ends in /process_time) is judged by that time, as compare.py does.
+    const double time = run.run_name.time_type == "process_time" ? run.GetAdjustedCPUTime()
+                                                                 : run.GetAdjustedRealTime();
+    m.time_ns = time / benchmark::GetTimeUnitMultiplier(run.time_unit) * 1e9;
     if (auto it = run.counters.find("bytes_per_second"); it != run.counters.end()) {
       m.bytes_per_second = it->second.value;
     }

@@ -205,11 +205,13 @@ def bench_line(v):
 def fmt_ratio(t):
     if t["worst"] is None:
         return "-"
-    if t["comparison"] == "<=":
+    unit = t.get("unit") or ("ns" if t["comparison"] == "<=" else "ratio")
+    if unit == "ns":
         return f"{t['worst']:.0f} ns (<= {t['bound']:.0f})"
     size = t["bytes"]
     human = f"{size >> 20} MiB" if size and size % (1 << 20) == 0 else f"{size} B"
-    return f"{t['worst']:.2f} at {human} (>= {t['bound']:.2f})"
+    where = f" at {human}" if size else ""
+    return f"{t['worst']:.2f}{where} ({t['comparison']} {t['bound']:.2f})"
 
 
 def bench_markdown(bench):

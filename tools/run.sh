@@ -19,7 +19,9 @@
 #      torch versions were tested
 #   2. the reload harness over every registered backend (normal and direct reload)
 #   3. the GPU tests (or why they were skipped)
-#   4. the benchmarks against their limits, and A/B or the stored baseline
+#   4. the benchmarks against their limits (copies, replace_parameter; the
+#      harness and check_reload against the layers' own work), and A/B or the
+#      stored baseline
 #   5. the report
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -67,7 +69,7 @@ step "4/5 benchmarks: $repetitions repetitions each, $what"
 # Tables to compare.txt, build and benchmark output to bench.log (the report
 # links both and embeds neither).
 python3 bench/compare.py --repetitions "$repetitions" --results-dir "$out/bench" --charts "$out" \
-  --log "$out/bench/bench.log" "${against[@]}" copy_bench replace_bench 2>&1 \
+  --log "$out/bench/bench.log" "${against[@]}" copy_bench replace_bench harness_bench check_bench 2>&1 \
   | tee "$out/bench/compare.txt"
 echo "${PIPESTATUS[0]}" > "$out/bench/compare.rc"
 

@@ -8,7 +8,8 @@
 #   nlohmann-json, clang 14 with its libFuzzer runtime (fuzz/); and matplotlib from the Python package registry (charts).
 # - A Python environment in the cache ($CACHE/venv) with torch $TORCH_VERSION
 #   (the official CUDA build), pytest and numpy from the Python package
-#   registry. Its torch package is also the LibTorch the C++ build links
+#   registry, and torchao and bitsandbytes (pinned, for python/tests/real).
+#   Its torch package is also the LibTorch the C++ build links
 #   (third_party/libtorch/libtorch.bzl), and its nvidia-* packages are the CUDA
 #   runtime libraries LibTorch loads. RELOADSAFE_LIBTORCH=<dir> builds the C++
 #   side against another LibTorch instead.
@@ -91,6 +92,36 @@ install_venv() {
   "$VENV/bin/python" -m pip install --progress-bar on "torch==$TORCH_VERSION" "pytest>=7" numpy
   venv_ready || die "the Python environment in $VENV lacks torch $TORCH_VERSION, pytest or numpy after installing"
   say "Python environment: ready in $VENV ($(du -sh "$VENV" | cut -f1))"
+}
+
+# The real quantization libraries python/tests/real builds layers on, pinned
+# to versions that run on a CPU with the venv's torch. Installed with
+# --no-deps so they cannot replace the venv's torch; what they import besides
+# torch (numpy; packaging for bitsandbytes) the venv already has.
+# bitsandbytes' optional `kernels` package (a download of GPU kernels) is not
+# installed: bitsandbytes falls back to its own CPU code and says so.
+QUANT_PACKAGES=(torchao==0.18.0 bitsandbytes==0.50.2)
+
+quant_libraries_ready() {
+  "$VENV/bin/python" - "${QUANT_PACKAGES[@]}" <<'PY' 2>/dev/null
+import importlib.metadata as m, sys
+for spec in sys.argv[1:]:
+    name, version = spec.split("==")
+    if m.version(name) != version:
+        sys.exit(1)
+for name in ("numpy", "packaging"):
+    m.version(name)
+PY
+}
+
+install_quant_libraries() {
+  if quant_libraries_ready; then
+    say "quantization libraries: ${QUANT_PACKAGES[*]} present"
+    return
+  fi
+  say "quantization libraries: installing ${QUANT_PACKAGES[*]} (--no-deps, for python/tests/real)"
+  "$VENV/bin/python" -m pip install -q --progress-bar on --no-deps "${QUANT_PACKAGES[@]}"
+  quant_libraries_ready || die "the Python environment in $VENV lacks ${QUANT_PACKAGES[*]} (or numpy, packaging) after installing"
 }
 
 # Earlier set-ups unpacked a separate LibTorch and CUDA runtime into the
@@ -188,6 +219,7 @@ mkdir -p "$CACHE"
 start=$SECONDS
 install_debian_packages
 install_venv
+install_quant_libraries
 install_test_extras
 install_torch_venv "$VENV_NEWEST" "$NEWEST_TORCH_VERSION"
 note_old_cache

@@ -34,4 +34,17 @@ std::optional<size_t> least_loss_crossover(const std::vector<CopyTiming>& timing
   return timings[best_k].bytes;
 }
 
+bool band_streams(const CopyTiming& timing) {
+  return least_loss_crossover({timing}).has_value();
+}
+
+int copy_band(size_t bytes) {
+  int band = 0;
+  while (bytes > 1) {
+    bytes >>= 1;
+    ++band;
+  }
+  return band;
+}
+
 }  // namespace reloadsafe

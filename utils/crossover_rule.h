@@ -4,7 +4,8 @@
 // (Note [Crossover calibration] in dense_copy.cc) and asks this rule.
 //
 // Invariant: pure arithmetic on the timings it is given; the answer is one
-// of their sizes, or "never".
+// of their sizes, or "never". Copies above the sweep's sizes are decided band
+// by band, each from a timing of its own (band_streams).
 #pragma once
 
 #include <cstddef>
@@ -32,5 +33,13 @@ inline constexpr double kStreamHandicap = 1.05;
 /// (also for no timings). Sizes with a time that is not positive count for
 /// nothing.
 std::optional<size_t> least_loss_crossover(const std::vector<CopyTiming>& timings);
+
+/// For one size measured alone (a band above the sweep's range): whether
+/// streaming is the choice there, by the same rule (its time counts
+/// kStreamHandicap more; a tie, or a time that is not positive, is memcpy).
+bool band_streams(const CopyTiming& timing);
+
+/// The band of a copy of `bytes` (> 0): k for sizes [2^k, 2^(k+1)).
+int copy_band(size_t bytes);
 
 }  // namespace reloadsafe

@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace reloadsafe {
@@ -61,6 +62,36 @@ TEST(LeastLossCrossover, OfEqualLossesTheLargerThresholdWins) {
   std::vector<CopyTiming> t;
   for (size_t b = kMiB; b <= 8 * kMiB; b *= 2) t.push_back({b, 1.05, 1.0});
   EXPECT_EQ(least_loss_crossover(t), std::nullopt);
+}
+
+// One band above the sweep, measured alone: the same rule on one size.
+TEST(BandStreams, Table) {
+  struct BandCase {
+    std::string name;
+    double cached, streamed;  // seconds of one copy each way
+    bool want;
+  };
+  const BandCase cases[] = {
+      {"streaming clearly faster (EPYC, 256 MiB: 13 vs 3.6 GB/s)", 0.074, 0.021, true},
+      {"memcpy clearly faster", 0.010, 0.020, false},
+      {"streaming 4% faster: within the handicap", 0.0104, 0.0100, false},
+      {"streaming 10% faster: beyond the handicap", 0.0110, 0.0100, true},
+      {"a tie", 0.010, 0.010, false},
+      {"memcpy time missing", 0.0, 0.010, false},
+      {"streaming time missing", 0.010, -1.0, false},
+  };
+  for (const BandCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    EXPECT_EQ(band_streams(CopyTiming{256 * kMiB, c.cached, c.streamed}), c.want);
+  }
+}
+
+TEST(CopyBand, PowersOfTwoStartABand) {
+  const std::pair<size_t, int> cases[] = {
+      {1, 0}, {2, 1}, {3, 1}, {128 * kMiB - 1, 26}, {128 * kMiB, 27}, {200 * kMiB, 27},
+      {256 * kMiB, 28}, {512 * kMiB + 5, 29}, {size_t{1} << 40, 40},
+  };
+  for (const auto& [bytes, band] : cases) EXPECT_EQ(copy_band(bytes), band) << bytes;
 }
 
 }  // namespace

@@ -33,6 +33,9 @@ constexpr int64_t kBlock = 64;  // chunk boundaries fall on cache lines
 // The smallest copy the crossover is measured for, and asked for: streaming
 // stores cannot win on a copy that stays in the per-core caches.
 constexpr size_t kFirstCandidate = 256 << 10;
+// The largest size of the crossover's sweep. Copies from twice that on are
+// decided band by band (Note [Copies above the calibrated range]).
+constexpr size_t kCalibratedUpTo = size_t{64} << 20;
 
 #if defined(__x86_64__) || defined(__i386__)
 #define RELOADSAFE_HAVE_AVX2_PATH 1
@@ -180,7 +183,7 @@ double block_seconds(uint8_t* d, const uint8_t* s, size_t n, bool stream, int re
 
 int64_t measure_crossover() {
   if (!stream_copy_supported()) return kNever;
-  constexpr size_t kLast = size_t{64} << 20;
+  constexpr size_t kLast = kCalibratedUpTo;
   std::unique_ptr<uint8_t, FreeDeleter> src(static_cast<uint8_t*>(std::aligned_alloc(64, kLast)));
   std::unique_ptr<uint8_t, FreeDeleter> dst(static_cast<uint8_t*>(std::aligned_alloc(64, kLast)));
   if (!src || !dst) return kNever;  // no memory to measure with: keep copy_'s behaviour
@@ -201,6 +204,46 @@ int64_t measure_crossover() {
   }
   const std::optional<size_t> crossover = least_loss_crossover(timings);
   return crossover ? static_cast<int64_t>(*crossover) : kNever;
+}
+
+// Note [Copies above the calibrated range]
+// The sweep stops at 64 MiB: measuring larger copies up front would cost
+// seconds and gigabytes of scratch memory on the first large copy of every
+// process. But the choice above it cannot be read off the sizes below it:
+// glibc's memcpy changes method above its own non-temporal threshold (3/4 of
+// what it takes for the shared cache size; 192 MiB on this project's EPYC
+// VMs, where its large-copy path then ran at about 3.6 GB/s against 13 for
+// streaming stores), and on an Intel host memcpy went from 6.3 GB/s at 64
+// MiB to 9.7 at 256 MiB. So from twice the sweep's last size on, each band
+// of sizes [2^k, 2^(k+1)) is decided by measuring the first copy made in
+// it, on that copy's own buffers (no scratch memory): memcpy, streaming,
+// streaming, memcpy, each timed as the sweep times a copy (seconds_of: the
+// slowest chunk's thread CPU time), and the faster of each way's two
+// compared by the same rule as the sweep's sizes (band_streams,
+// utils/crossover_rule.h). The destination holds the source's bytes after
+// the first of the four; the other three are the once-per-band (and thread
+// count) price. Every size is thus decided by a measurement on this
+// machine: below 256 KiB memcpy (streaming cannot win inside the per-core
+// caches), up to 128 MiB the sweep's crossover, above it its band's own.
+constexpr int kBands = 64;  // band k: sizes [2^k, 2^(k+1))
+enum : uint8_t { kBandUnmeasured = 0, kBandMemcpy = 1, kBandStream = 2 };
+std::atomic<uint8_t> band_choice[kMaxThreads + 1][kBands];  // zero: unmeasured
+
+// Copies n bytes (a first copy in its band) while measuring both ways;
+// returns the band's choice.
+uint8_t measure_band(uint8_t* d, const uint8_t* s, size_t n) {
+  double cached = std::numeric_limits<double>::infinity();
+  double streamed = cached;
+  cached = std::min(cached, seconds_of(d, s, n, false));
+  streamed = std::min(streamed, seconds_of(d, s, n, true));
+  streamed = std::min(streamed, seconds_of(d, s, n, true));
+  cached = std::min(cached, seconds_of(d, s, n, false));
+  return band_streams(CopyTiming{n, cached, streamed}) ? kBandStream : kBandMemcpy;
+}
+
+std::atomic<uint8_t>& band_slot(size_t n) {
+  const int threads = std::clamp(at::get_num_threads(), 1, kMaxThreads);
+  return band_choice[threads][copy_band(n)];
 }
 
 std::optional<int64_t> crossover_from_env() {
@@ -234,6 +277,44 @@ void parallel_copy_bytes(void* dst, const void* src, size_t n, bool stream) {
   for_each_chunk(n, [&](int64_t begin, int64_t end) {
     copy_chunk(d + begin, s + begin, static_cast<size_t>(end - begin), stream);
   });
+}
+
+namespace {
+
+// One dense copy, memcpy or streaming as measured for its size (Note
+// [Crossover calibration], Note [Copies above the calibrated range]).
+void copy_dense_bytes(uint8_t* d, const uint8_t* s, size_t n) {
+  // The crossover is only asked for copies that could reach it (the
+  // measurement starts at 256 KiB): small copies never pay for it.
+  if (n < kFirstCandidate) {
+    parallel_copy_bytes(d, s, n, false);
+    return;
+  }
+  static const std::optional<int64_t> fixed = crossover_from_env();
+  if (fixed || n < 2 * kCalibratedUpTo || !stream_copy_supported()) {
+    parallel_copy_bytes(d, s, n, static_cast<int64_t>(n) >= stream_crossover_bytes());
+    return;
+  }
+  std::atomic<uint8_t>& slot = band_slot(n);
+  uint8_t choice = slot.load(std::memory_order_acquire);
+  if (choice == kBandUnmeasured) {
+    std::lock_guard<std::mutex> lock(calibration_mutex);
+    choice = slot.load(std::memory_order_relaxed);
+    if (choice == kBandUnmeasured) {
+      slot.store(measure_band(d, s, n), std::memory_order_release);
+      return;  // the measurement made the copy
+    }
+  }
+  parallel_copy_bytes(d, s, n, choice == kBandStream);
+}
+
+}  // namespace
+
+std::optional<bool> large_copy_streams(size_t bytes) {
+  if (bytes < 2 * kCalibratedUpTo) return std::nullopt;
+  const uint8_t choice = band_slot(bytes).load(std::memory_order_acquire);
+  if (choice == kBandUnmeasured) return std::nullopt;
+  return choice == kBandStream;
 }
 
 int64_t stream_crossover_bytes() {
@@ -274,14 +355,10 @@ bool dense_copy_applies(const at::Tensor& dst, const at::Tensor& src) {
 
 bool try_dense_copy(const at::Tensor& dst, const at::Tensor& src) {
   if (!dense_copy_applies(dst, src)) return false;
-  const auto n = static_cast<int64_t>(dst.numel() * dst.element_size());
+  const auto n = static_cast<size_t>(dst.numel() * dst.element_size());
   if (n > 0) {
-    // The crossover is only asked for copies that could reach it (the
-    // measurement starts at 256 KiB): small copies never pay for it.
-    const bool stream =
-        n >= static_cast<int64_t>(kFirstCandidate) && n >= stream_crossover_bytes();
-    parallel_copy_bytes(dst.mutable_data_ptr(), src.const_data_ptr(), static_cast<size_t>(n),
-                        stream);
+    copy_dense_bytes(static_cast<uint8_t*>(dst.mutable_data_ptr()),
+                     static_cast<const uint8_t*>(src.const_data_ptr()), n);
   }
   dst.unsafeGetTensorImpl()->bump_version();  // as copy_ does: an in-place write
   return true;

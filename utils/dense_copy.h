@@ -15,7 +15,10 @@
 // copy against a crossover measured on this machine, for the current thread
 // count, the first time a copy large enough to matter is made (about half
 // a second, once; thread-safe; see Note [Crossover calibration] in the
-// source and utils/crossover_rule.h).
+// source and utils/crossover_rule.h). Copies of 128 MiB and more are decided
+// per band of sizes [2^k, 2^(k+1)), by timing both ways on the first copy
+// made in the band (it costs about three more copies of that size, once per
+// band and thread count; Note [Copies above the calibrated range]).
 // Nothing here is tuned to one CPU. Without AVX2 (checked at run time) every
 // chunk uses memcpy. memcpy of a dense same-dtype range is what `copy_`
 // produces, minus its per-call set-up (TensorIterator, dispatch).
@@ -24,15 +27,16 @@
 //   reloadsafe::dense_copy_(param_data, loaded);   // as param_data.copy_(loaded)
 //   if (!reloadsafe::try_dense_copy(dst, src)) dst.copy_(src);
 //
-// Environment: RELOADSAFE_STREAM_CROSSOVER=<bytes> fixes the crossover (0:
-// always stream, a huge number: never) instead of measuring it; for tests and
-// experiments.
+// Environment: RELOADSAFE_STREAM_CROSSOVER=<bytes> fixes the crossover for
+// every size (0: always stream, a huge number: never) instead of measuring
+// it; for tests and experiments.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 namespace reloadsafe {
 
@@ -61,7 +65,13 @@ void stream_copy_bytes(void* dst, const void* src, size_t n);
 void parallel_copy_bytes(void* dst, const void* src, size_t n, bool stream);
 
 /// The size from which dense_copy_ uses streaming stores with the current
-/// thread count, measuring it the first time (INT64_MAX: never).
+/// thread count, measuring it the first time (INT64_MAX: never), for copies
+/// below 128 MiB (and all sizes when RELOADSAFE_STREAM_CROSSOVER is set).
 int64_t stream_crossover_bytes();
+
+/// For a copy of `bytes` >= 128 MiB: whether its band streams with the
+/// current thread count, once a copy in that band has measured it; nothing
+/// before that, or for smaller sizes.
+std::optional<bool> large_copy_streams(size_t bytes);
 
 }  // namespace reloadsafe

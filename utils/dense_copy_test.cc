@@ -5,8 +5,10 @@
 #include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -211,6 +213,32 @@ TEST(DenseCopy, LargeCopiesAreExactWithEitherThreadCount) {
       EXPECT_TRUE(at::equal(dst, src)) << n << " bytes";
     }
   }
+  at::set_num_threads(threads);
+}
+
+// Above the sweep's range (128 MiB and more): the first copy made in a band
+// measures both ways on its own buffers, leaves the source's bytes, and
+// records the band's choice; later copies in the band use it.
+TEST(DenseCopy, TheFirstCopyOfALargeBandMeasuresItAndIsExact) {
+  if (std::getenv("RELOADSAFE_STREAM_CROSSOVER") != nullptr) {
+    GTEST_SKIP() << "RELOADSAFE_STREAM_CROSSOVER fixes every size: no band is measured";
+  }
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const int64_t n = (int64_t{128} << 20) + 4099;  // band 27: [128 MiB, 256 MiB)
+  EXPECT_FALSE(large_copy_streams(n).has_value()) << "no copy of this band was made yet";
+  EXPECT_FALSE(large_copy_streams(64 << 20).has_value()) << "the sweep's range has no bands";
+  const at::Tensor src = pattern(n, 5);
+  at::Tensor dst = pattern(n, 6);
+  dense_copy_(dst, src);
+  EXPECT_TRUE(at::equal(dst, src));
+  const std::optional<bool> choice = large_copy_streams(n);
+  ASSERT_TRUE(choice.has_value());
+  EXPECT_EQ(large_copy_streams((int64_t{256} << 20) - 1), choice) << "the same band";
+  EXPECT_FALSE(large_copy_streams(int64_t{256} << 20).has_value()) << "the next band";
+  at::Tensor again = pattern(n, 7);
+  dense_copy_(again, src);
+  EXPECT_TRUE(at::equal(again, src));
   at::set_num_threads(threads);
 }
 

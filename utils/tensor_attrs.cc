@@ -179,6 +179,16 @@ void set_weight_attrs(const at::Tensor& weight, const std::optional<AttrMap>& we
     TORCH_CHECK(e.attrs.count(key) == 0,
                 "set_weight_attrs: overwriting existing tensor attribute '", key,
                 "'; erase it first if replacing it is intended");
+    // Decision (the C++ form of vLLM's parameter classes, as replace_parameter
+    // reads them, R44/R45): a parameter's `weight_loader` property answers from
+    // its `_weight_loader` field, so `hasattr(param, "weight_loader")` is true
+    // for a parameter that has `_weight_loader`, and the reference refuses to
+    // set it. A plain tensor has no such property: its `_weight_loader` is
+    // just a field, and `weight_loader` can be set beside it.
+    TORCH_CHECK(!(key == "weight_loader" && e.parameter && e.attrs.count("_weight_loader") != 0),
+                "set_weight_attrs: overwriting existing tensor attribute 'weight_loader' (this "
+                "parameter answers 'weight_loader' from its '_weight_loader'); erase "
+                "'_weight_loader' first if replacing the loader is intended");
   }
   for (const auto& [key, value] : *weight_attrs) e.attrs[key] = value;
 }

@@ -91,8 +91,10 @@ at::Tensor make_parameter(const at::Tensor& data);
 
 /// `set_weight_attrs(weight, weight_attrs)`: adds attributes to a weight.
 ///
-/// Never overwrites: if `weight` already has any of the keys, or a key is a
-/// name every tensor answers to (an attribute, method or property of
+/// Never overwrites: if `weight` already has any of the keys (a parameter
+/// with `_weight_loader` has `weight_loader` too, as replace_parameter reads
+/// it; a plain tensor's `_weight_loader` is only a field), or a key is a name
+/// every tensor answers to (an attribute, method or property of
 /// torch.Tensor: `data`, `size`, `is_leaf`, `stride`, ...; see
 /// is_tensor_member_name), it throws and sets none of them (Python sets the
 /// keys before the failing one; the C++ port checks all first, so a failed

@@ -140,6 +140,46 @@ TEST(SetWeightAttrs, NeverOverwritesAndFailsAtomically) {
   EXPECT_EQ(attrs(w).size(), 1u);
 }
 
+// What counts as an existing attribute: a parameter's `weight_loader`
+// property answers from its `_weight_loader` field (vLLM's parameter classes;
+// replace_parameter reads it the same way, R44/R45), so on a parameter with
+// `_weight_loader` setting `weight_loader` is refused like any existing
+// attribute. A plain tensor's `_weight_loader` is only a field.
+TEST(SetWeightAttrs, ExistingAttributesIncludeAParametersBackedLoader) {
+  struct Row {
+    const char* name;
+    bool parameter;
+    const char* existing;  // attribute the weight has before the call
+    const char* key;       // attribute the call sets
+    bool refused;
+  } rows[] = {
+      {"parameter with _weight_loader: weight_loader", true, "_weight_loader", "weight_loader", true},
+      {"parameter with _weight_loader: _weight_loader", true, "_weight_loader", "_weight_loader", true},
+      {"parameter with weight_loader: weight_loader", true, "weight_loader", "weight_loader", true},
+      {"parameter with weight_loader: _weight_loader", true, "weight_loader", "_weight_loader", false},
+      {"parameter with _weight_loader: output_dim", true, "_weight_loader", "output_dim", false},
+      {"parameter with output_dim: weight_loader", true, "output_dim", "weight_loader", false},
+      {"plain tensor with _weight_loader: weight_loader", false, "_weight_loader", "weight_loader", false},
+      {"plain tensor with weight_loader: weight_loader", false, "weight_loader", "weight_loader", true},
+  };
+  for (const Row& r : rows) {
+    SCOPED_TRACE(r.name);
+    at::Tensor w = r.parameter ? make_parameter(at::zeros({2})) : at::zeros({2});
+    set_attr(w, r.existing, WeightLoader{"backing", nullptr});
+    const AttrMap call{{r.key, WeightLoader{"new", nullptr}}, {"a_new_one", true}};
+    if (r.refused) {
+      EXPECT_THROW(set_weight_attrs(w, call), c10::Error);
+      EXPECT_EQ(attrs(w).size(), 1u);  // a refused call sets nothing
+      EXPECT_EQ(std::get<WeightLoader>(*find_attr(w, r.existing)).name, "backing");
+    } else {
+      EXPECT_NO_THROW(set_weight_attrs(w, call));
+      EXPECT_EQ(std::get<WeightLoader>(*find_attr(w, r.key)).name, "new");
+      EXPECT_TRUE(attr_truthy(w, "a_new_one"));
+      EXPECT_EQ(std::get<WeightLoader>(*find_attr(w, r.existing)).name, "backing");
+    }
+  }
+}
+
 // `hasattr(weight, key)` is true for every attribute, method and property of
 // torch.Tensor, so the reference refuses all of them (not only the data
 // properties).

@@ -74,6 +74,10 @@ class Backend {
   /// "memory" or "op sequence": what the harness must flag.
   virtual std::string expected_violation() const { return ""; }
 
+  /// True for a backend whose kernel runs on the CPU only (a negative control
+  /// that reads through a host pointer, say); runs on other devices skip it.
+  virtual bool cpu_only() const { return false; }
+
   /// Bytes that live tensor storages may grow by between the first and the
   /// last reload (a cache that fills once, say). Zero by default.
   virtual int64_t memory_tolerance_bytes() const { return 0; }

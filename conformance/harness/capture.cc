@@ -21,6 +21,13 @@ bool same_layout(const trace::TensorRead& a, const trace::TensorRead& b) {
          a.dtype == b.dtype && a.device == b.device;
 }
 
+// A tensor whose storage the replay may look at: not a Python subclass
+// (whose storage, if any, is not what kernels read, and may throw).
+bool plain_storage(const at::Tensor& t) {
+  return t.defined() && !t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python) &&
+         t.has_storage();
+}
+
 bool is_random(const std::string& op) {
   return std::any_of(std::begin(kRandomOps), std::end(kRandomOps),
                      [&](const char* s) { return op.find(s) != std::string::npos; });
@@ -36,8 +43,25 @@ TensorNames::TensorNames(const std::vector<NamedTensor>& named) {
   }
 }
 
+void TensorNames::add_object(const std::string& name, const void* identity) {
+  objects_.emplace(identity, name);
+}
+
+bool TensorNames::named(const trace::ObjectRead& read) const {
+  return objects_.count(read.identity) > 0;
+}
+
+std::string TensorNames::label(const trace::ObjectRead& read) const {
+  auto it = objects_.find(read.identity);
+  return it == objects_.end() ? "undeclared object" : it->second;
+}
+
 void TensorNames::add(const std::string& name, const at::Tensor& t, bool declared) {
-  if (!t.defined() || !t.has_storage()) return;
+  // A Python tensor (a subclass) is named through its inner tensors.
+  if (!t.defined() || t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python) ||
+      !t.has_storage()) {
+    return;
+  }
   const void* data = t.storage().data() == nullptr
                          ? nullptr
                          : static_cast<const char*>(t.storage().data()) +
@@ -60,6 +84,13 @@ std::optional<TensorNames::Found> TensorNames::find(const trace::TensorRead& rea
 
 std::string TensorNames::label(const trace::TensorRead& read) const {
   auto found = find(read);
+  if (!found && read.object != nullptr) {
+    // A tensor an object reported: named after the object, if it has a name.
+    auto it = objects_.find(read.object);
+    const size_t dot = read.arg_name.find('.');
+    const std::string tail = dot == std::string::npos ? "" : read.arg_name.substr(dot);
+    return it == objects_.end() ? "undeclared object tensor" : it->second + tail;
+  }
   if (!found) return "undeclared tensor";
   std::string s = found->name;
   if (!found->whole) s += " (view)";
@@ -81,10 +112,26 @@ CapturedForward::CapturedForward(const std::function<at::Tensor()>& forward) {
 
 std::vector<CapturedRead> CapturedForward::reads(const TensorNames& names) const {
   std::vector<CapturedRead> out;
-  for (const auto& [i, r] : trace_->external_reads()) {
-    auto found = names.find(r);
-    out.push_back(CapturedRead{r.where(trace_->ops()[i].name), trace_->ops()[i].depth,
-                               names.label(r), found && found->declared, r.layout(), r.storage});
+  const auto& ops = trace_->ops();
+  for (const trace::OpCall& op : ops) {
+    for (const trace::TensorRead& r : op.reads) {
+      if (!r.external) continue;
+      auto found = names.find(r);
+      CapturedRead c{r.where(op.name), op.depth, names.label(r), found && found->declared,
+                     r.layout(), r.storage};
+      if (r.subclass) {
+        c.kind = CapturedRead::Kind::kSubclass;
+      } else if (!r.has_storage) {
+        c.kind = CapturedRead::Kind::kNoStorage;
+      }
+      out.push_back(std::move(c));
+    }
+    for (const trace::ObjectRead& o : op.objects) {
+      CapturedRead c{o.where(op.name), op.depth, names.label(o), names.named(o),
+                     o.class_name, o.identity};
+      c.kind = CapturedRead::Kind::kObject;
+      out.push_back(std::move(c));
+    }
   }
   return out;
 }
@@ -98,12 +145,23 @@ std::vector<Violation> CapturedForward::compare(const trace::ReadTrace& retrace,
   for (size_t i = 0; i < common; ++i) {
     const trace::OpCall& a = before[i];
     const trace::OpCall& b = after[i];
-    if (a.name != b.name || a.depth != b.depth || a.reads.size() != b.reads.size()) {
+    if (a.name != b.name || a.depth != b.depth || a.reads.size() != b.reads.size() ||
+        a.objects.size() != b.objects.size()) {
       // A graph replays the captured sequence: from here on nothing lines up.
       out.push_back(Violation{reload, "op sequence", "op " + std::to_string(i) + " changed",
                               a.name + " (depth " + std::to_string(a.depth) + ")",
                               b.name + " (depth " + std::to_string(b.depth) + ")", ""});
       return out;
+    }
+    for (size_t j = 0; j < a.objects.size(); ++j) {
+      const trace::ObjectRead& oa = a.objects[j];
+      const trace::ObjectRead& ob = b.objects[j];
+      if (oa.identity == ob.identity && oa.payload == ob.payload) continue;
+      // A kernel object re-made (or its C++ instance swapped in place): what
+      // it packed at capture is gone, whatever its tensors say.
+      out.push_back(Violation{reload, names.label(oa),
+                              oa.identity == ob.identity ? "object re-made in place" : "object replaced",
+                              oa.describe(), ob.describe(), oa.where(a.name)});
     }
     for (size_t j = 0; j < a.reads.size(); ++j) {
       const trace::TensorRead& ra = a.reads[j];
@@ -159,7 +217,13 @@ std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
   std::unordered_map<const c10::TensorImpl*, at::Tensor> made;
   std::string missing;
   auto map = [&](const at::Tensor& t) -> at::Tensor {
-    if (!t.defined() || !t.has_storage()) return t;
+    if (t.defined() && !plain_storage(t)) {
+      // A subclass tensor (or one without storage): the replayed result in
+      // its place if an op made it, else the one held.
+      auto it = made.find(t.unsafeGetTensorImpl());
+      return it == made.end() ? t : it->second;
+    }
+    if (!plain_storage(t)) return t;
     if (trace_->classify(t.storage().unsafeGetStorageImpl()).value_or(true)) return t;
     auto it = made.find(t.unsafeGetTensorImpl());
     if (it == made.end()) {
@@ -213,7 +277,7 @@ std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
   }
   auto it = made.find(output_.unsafeGetTensorImpl());
   if (it != made.end()) return it->second;
-  if (output_.has_storage() &&
+  if (plain_storage(output_) &&
       trace_->classify(output_.storage().unsafeGetStorageImpl()).value_or(true)) {
     return output_;  // the forward returned a tensor it did not make
   }

@@ -48,6 +48,8 @@ class TensorNames {
   explicit TensorNames(const std::vector<NamedTensor>& named);
   /// Adds one more name (the forward's input, for example).
   void add(const std::string& name, const at::Tensor& t, bool declared);
+  /// Names an opaque object (by ObjectRead::identity).
+  void add_object(const std::string& name, const void* identity);
 
   struct Found {
     std::string name;
@@ -59,6 +61,10 @@ class TensorNames {
   /// find(), as a label: "weight", "weight (view)", "scale (undeclared)",
   /// "undeclared tensor".
   std::string label(const trace::TensorRead& read) const;
+  /// The name of an opaque object, "undeclared object" if none.
+  std::string label(const trace::ObjectRead& read) const;
+  /// Whether the object has a name.
+  bool named(const trace::ObjectRead& read) const;
 
  private:
   struct Entry {
@@ -68,6 +74,7 @@ class TensorNames {
     std::vector<int64_t> sizes, strides;
   };
   std::unordered_map<const void*, std::vector<Entry>> by_storage_;
+  std::unordered_map<const void*, std::string> objects_;
 };
 
 class CapturedForward {
@@ -80,7 +87,8 @@ class CapturedForward {
   const trace::ReadTrace& trace() const { return *trace_; }
   const at::Tensor& output() const { return output_; }
 
-  /// The external reads of the capture, named.
+  /// The external reads of the capture, named, and its opaque objects, in
+  /// op order.
   std::vector<CapturedRead> reads(const TensorNames& names) const;
 
   /// The differences between the capture and `retrace` (the same forward

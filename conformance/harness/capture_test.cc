@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
 
 #include <set>
 
@@ -21,6 +23,66 @@ struct Weights {
   at::Tensor forward(const at::Tensor& x) const { return at::mm(x, w.t()) * scale; }
   std::vector<NamedTensor> named() const { return {{"w", w, true}, {"scale", scale, false}}; }
 };
+
+// A kernel object holding a packed weight, as fbgemm's packed linear weights
+// are held (a TorchBind object handed to the op).
+struct Packed : torch::CustomClassHolder {
+  explicit Packed(at::Tensor w) : weight(std::move(w)) {}
+  at::Tensor weight;
+};
+
+TORCH_LIBRARY(reloadsafe_capture_test, m) {
+  m.class_<Packed>("Packed").def("unpack", [](const c10::intrusive_ptr<Packed>& self) {
+    return self->weight;
+  });
+  m.def("packed_mm(Tensor x, __torch__.torch.classes.reloadsafe_capture_test.Packed w) -> Tensor",
+        [](const at::Tensor& x, const c10::intrusive_ptr<Packed>& w) {
+          return at::mm(x, w->weight.t());
+        });
+}
+
+at::Tensor packed_mm(const at::Tensor& x, const c10::IValue& object) {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("reloadsafe_capture_test::packed_mm", "");
+  torch::jit::Stack stack{x, object};
+  op.callBoxed(stack);
+  return stack.back().toTensor();
+}
+
+TEST(CapturedForward, AReplacedKernelObjectIsAViolationNamingItAndTheOp) {
+  const at::Tensor x = at::randn({2, 4});
+  c10::IValue kernel(c10::make_intrusive<Packed>(at::randn({8, 4})));
+  CapturedForward capture([&] { return packed_mm(x, kernel); });
+  TensorNames names({});
+  names.add_object("linear.packed", &kernel.toObjectRef());
+  {
+    // The same object, its weight refilled in place: clean.
+    kernel.toCustomClass<Packed>()->weight.copy_(at::randn({8, 4}));
+    trace::ReadTrace retrace;
+    packed_mm(x, kernel);
+    retrace.stop();
+    EXPECT_TRUE(capture.compare(retrace, names, 1).empty());
+  }
+  // Re-packed into a new object, as a post-processing that packs again does.
+  const c10::IValue repacked(c10::make_intrusive<Packed>(at::randn({8, 4})));
+  trace::ReadTrace retrace;
+  packed_mm(x, repacked);
+  retrace.stop();
+  const auto violations = capture.compare(retrace, names, 2);
+  EXPECT_EQ(whats(violations).count("linear.packed: object replaced"), 1u);
+  EXPECT_EQ(whats(violations).count("linear.packed.unpack()[0]: storage"), 1u)
+      << "the tensor the object reports is checked too";
+  bool named_read = false;
+  for (const auto& v : violations) {
+    named_read |= v.read == "reloadsafe_capture_test::packed_mm arg 1 (w)";
+  }
+  EXPECT_TRUE(named_read);
+  // The replay runs the captured op on the captured object: the old weight.
+  std::string why;
+  auto replayed = capture.replay(&why);
+  ASSERT_TRUE(replayed.has_value()) << why;
+  EXPECT_FALSE(at::allclose(*replayed, packed_mm(x, repacked)));
+}
 
 TEST(CapturedForward, AForwardThatReadsTheSameTensorsComparesClean) {
   Weights m;

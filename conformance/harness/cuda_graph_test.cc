@@ -179,7 +179,7 @@ TEST_F(CudaGraphReload, SampleBackendsReplayTheNewWeightsAtTheCapturedAddresses)
   const int reloads = reloads_per_mode();
   int total_replays = 0;
   for (const auto& backend : BackendRegistry::instance().create_all()) {
-    if (backend->negative_control()) continue;
+    if (backend->negative_control() || backend->cpu_only()) continue;
     for (ReloadMode mode : backend->modes()) {
       SCOPED_TRACE(backend->name() + std::string(" ") + to_string(mode));
       GraphRun run = capture_and_reload(*backend, mode, reloads);
@@ -196,7 +196,7 @@ TEST_F(CudaGraphReload, NegativeControlsAreCaughtByStaleReplayOutput) {
   const int reloads = std::min(reloads_per_mode(), 10);
   int total_replays = 0;
   for (const auto& backend : BackendRegistry::instance().create_all()) {
-    if (!backend->negative_control()) continue;
+    if (!backend->negative_control() || backend->cpu_only()) continue;
     for (ReloadMode mode : {ReloadMode::kNormal, ReloadMode::kDirect}) {
       SCOPED_TRACE(backend->name() + std::string(" ") + to_string(mode));
       GraphRun run = capture_and_reload(*backend, mode, reloads);
@@ -215,7 +215,7 @@ TEST_F(CudaGraphReload, KernelArgumentsPointIntoTheTracedReadSetOrTheGraphPool) 
   if (!missing.empty()) GTEST_SKIP() << "the CUDA driver lacks " << missing;
   int kernels_checked = 0;
   for (const auto& backend : BackendRegistry::instance().create_all()) {
-    if (backend->negative_control()) continue;
+    if (backend->negative_control() || backend->cpu_only()) continue;
     SCOPED_TRACE(backend->name());
     const c10::Device cuda(c10::kCUDA, 0);
     ReloadSession session(*backend, cuda, /*seed=*/1);

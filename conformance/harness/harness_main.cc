@@ -112,6 +112,11 @@ int main(int argc, char** argv) {
   for (const auto& backend : BackendRegistry::instance().create_all()) {
     if (!only.empty() && backend->name() != only) continue;
     found = true;
+    if (backend->cpu_only() && !options.device.is_cpu()) {
+      std::cerr << "[harness] " << backend->name() << ": skipped on " << options.device
+                << " (its kernel runs on the CPU only)\n";
+      continue;
+    }
     if (trace_only) {
       try {
         print_trace(*backend, options.device, options.seed);

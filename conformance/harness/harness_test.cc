@@ -2,11 +2,15 @@
 
 #include "conformance/harness/read_trace.h"
 
+#include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <gtest/gtest.h>
 
 #include <map>
+#include <memory>
 #include <set>
+#include <stdexcept>
 
 namespace reloadsafe::harness {
 namespace {
@@ -51,9 +55,18 @@ const std::map<std::string, std::vector<std::string>>& expected_flags() {
       // Permuting x and w alike gives the same product: a stale index still
       // computes the right values, so only the op sequence gives it away.
       {"neg_lazy_sort", {"op sequence"}},
+      // Reads through a kept raw pointer: nothing but the poisoned freed
+      // block (memory_census.h, Note [Poison quarantine]) gives it away.
+      {"neg_raw_pointer", {"forward"}},
+      // Re-made after every reload: missing at the declared check, and the
+      // traced forward now makes what the capture read from outside.
+      {"neg_workspace_per_reload", {"workspace"}},
   };
   return *flags;
 }
+
+// The controls whose stale read computes wrong values on the CPU.
+bool computes_wrong_values(const std::string& control) { return control == "neg_raw_pointer"; }
 
 TEST(ReloadHarness, EveryNegativeControlIsFlaggedWithTheRightTensorAndOp) {
   int controls = 0;
@@ -70,11 +83,61 @@ TEST(ReloadHarness, EveryNegativeControlIsFlaggedWithTheRightTensorAndOp) {
       for (const auto& want : expected_flags().at(backend->name())) {
         EXPECT_EQ(flagged.count(want), 1u) << "not flagged: " << want << "\n" << to_table({report});
       }
-      EXPECT_EQ(flagged.count("forward"), 0u) << "values must still be right; only addresses move";
+      if (!computes_wrong_values(backend->name())) {
+        EXPECT_EQ(flagged.count("forward"), 0u) << "values must still be right; only addresses move";
+      }
     }
     EXPECT_TRUE(report.ok());
   }
   EXPECT_EQ(controls, static_cast<int>(expected_flags().size()));
+}
+
+const Backend& backend_named(const std::string& name) {
+  static auto* all = new std::vector<std::unique_ptr<Backend>>(BackendRegistry::instance().create_all());
+  for (const auto& b : *all) {
+    if (b->name() == name) return *b;
+  }
+  throw std::runtime_error("no backend " + name);
+}
+
+// Everyday CPU work that goes through oneDNN and the CPU allocator's raw
+// path, which the census used to abort on.
+void everyday_cpu_work() {
+  const at::Tensor x = at::randn({2, 3, 16, 16});
+  const at::Tensor w = at::randn({4, 3, 3, 3});
+  at::Tensor y = at::conv2d(x, w, {}, 1, 1);
+  ASSERT_EQ(y.sizes(), (at::IntArrayRef{2, 4, 16, 16}));
+  at::Tensor z = at::max_pool2d(at::relu(y), {2, 2});
+  ASSERT_EQ(z.size(3), 8);
+  if (at::hasMKLDNN()) {
+    at::Tensor m = x.to_mkldnn();
+    at::Tensor back = at::add(m, m).to_dense();
+    ASSERT_TRUE(at::allclose(back, x * 2));
+  }
+  ASSERT_TRUE(at::allclose(at::mm(at::eye(8), at::ones({8, 8})), at::ones({8, 8})));
+}
+
+TEST(ReloadHarness, ACheckLeavesTheProcessAsItFoundIt) {
+  c10::Allocator* allocator = c10::GetCPUAllocator();
+  everyday_cpu_work();  // oneDNN caches made before the first check
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    BackendReport report = run_backend(backend_named("conv2d_in_place"), quick());
+    EXPECT_TRUE(report.ok()) << to_table({report});
+    EXPECT_EQ(c10::GetCPUAllocator(), allocator) << "the census is removed when the check ends";
+    everyday_cpu_work();
+    {
+      trace::ReadTrace trace;  // and a trace, which installs the census too
+      everyday_cpu_work();
+    }
+    EXPECT_EQ(c10::GetCPUAllocator(), allocator);
+  }
+}
+
+TEST(ReloadHarness, StateMadeByTheFirstForwardAndKeptIsPartOfTheBaseline) {
+  BackendReport report = run_backend(backend_named("first_forward_workspace"), quick());
+  EXPECT_TRUE(report.ok()) << to_table({report});
+  for (const auto& mode : report.modes) EXPECT_EQ(mode.violation_count, 0) << to_table({report});
 }
 
 TEST(ReloadHarness, ANegativeControlIsJudgedOnEveryViolationNotOnlyTheListedOnes) {

@@ -6,22 +6,43 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
+#include <cstring>
+#include <deque>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 namespace reloadsafe::harness {
 namespace {
 
-// Wraps the CPU allocator in place when installed. Only allocations whose
-// context is their data pointer (the default allocator's) are counted, so
-// that the wrapped pointers stay plain pointers (raw_allocate() and
-// raw_deleter() keep working); others pass through uncounted.
+// A freed block and how to really free it.
+struct FreedBlock {
+  void* data;
+  size_t n;
+  c10::DeleterFnPtr deleter;
+};
+
+// The quarantine's contents; guarded by the allocator's mutex.
+struct QuarantineState {
+  size_t max_bytes = 0;
+  size_t bytes = 0;
+  size_t evicted = 0;
+  std::deque<FreedBlock> blocks;
+};
+
+// Wraps the CPU allocator that was current when a scope installed it. Only
+// allocations whose context is their data pointer (the default allocator's)
+// are counted, so that the wrapped pointers stay plain pointers
+// (raw_allocate() and raw_deleter() keep working); others pass through
+// uncounted. The one instance lives for the whole process: tensors it
+// allocated outlive every scope, and their deleter is release().
 class CountingCpuAllocator final : public c10::Allocator {
  public:
-  explicit CountingCpuAllocator(c10::Allocator* base) : base_(base) {}
-
   c10::DataPtr allocate(size_t n) override {
-    c10::DataPtr inner = base_->allocate(n);
+    c10::Allocator* base = base_.load();
+    c10::DataPtr inner = base->allocate(n);
     void* data = inner.get();
     if (data == nullptr || data != inner.get_context()) return inner;
     const c10::DeleterFnPtr deleter = inner.get_deleter();
@@ -29,7 +50,12 @@ class CountingCpuAllocator final : public c10::Allocator {
     inner.release_context();
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      live_.emplace(data, Block{n, deleter, ++epoch_});
+      // A block freed behind the census's back (through a deleter taken
+      // before it was installed) leaves a stale entry at an address the
+      // allocator may hand out again: the new block replaces it.
+      auto [it, fresh] = live_.try_emplace(data, Block{n, deleter, 0});
+      if (!fresh) bytes_ -= static_cast<int64_t>(it->second.n);
+      it->second = Block{n, deleter, ++epoch_};
     }
     bytes_ += static_cast<int64_t>(n);
     return c10::DataPtr(data, data, &CountingCpuAllocator::release, device);
@@ -38,7 +64,7 @@ class CountingCpuAllocator final : public c10::Allocator {
   c10::DeleterFnPtr raw_deleter() const override { return &CountingCpuAllocator::release; }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
-    base_->copy_data(dest, src, count);
+    base_.load()->copy_data(dest, src, count);
   }
 
   int64_t bytes() const { return bytes_.load(); }
@@ -55,7 +81,43 @@ class CountingCpuAllocator final : public c10::Allocator {
     return it->second.epoch;
   }
 
-  static CountingCpuAllocator* instance;
+  // The allocator to wrap from now on (never this one).
+  void set_base(c10::Allocator* base) {
+    TORCH_INTERNAL_ASSERT(base != nullptr && base != this);
+    base_.store(base);
+    base_raw_deleter_.store(base->raw_deleter());
+  }
+
+  // Quarantine control; see Note [Poison quarantine].
+  void open_quarantine(size_t max_bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(quarantine_ == nullptr,
+                "a reloadsafe Quarantine already exists: one check at a time holds freed blocks; "
+                "end the first check before starting another");
+    quarantine_ = std::make_unique<QuarantineState>();
+    quarantine_->max_bytes = max_bytes;
+  }
+  std::deque<FreedBlock> close_quarantine() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::deque<FreedBlock> out;
+    if (quarantine_ != nullptr) out = std::move(quarantine_->blocks);
+    quarantine_.reset();
+    return out;
+  }
+  void capture(int delta) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    capturing_ += delta;
+  }
+  template <typename F>
+  auto with_quarantine(F f) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return f(quarantine_.get());
+  }
+
+  static CountingCpuAllocator& instance() {
+    static auto* self = new CountingCpuAllocator();  // never destroyed, see above
+    return *self;
+  }
 
  private:
   struct Block {
@@ -64,45 +126,109 @@ class CountingCpuAllocator final : public c10::Allocator {
     uint64_t epoch;  // the allocation's sequence number
   };
 
+  CountingCpuAllocator() = default;
+
+  // The deleter of every block the census hands out. Never throws: see the
+  // invariants in the header.
   static void release(void* data) {
-    CountingCpuAllocator* self = instance;
-    Block block{0, nullptr, 0};
+    CountingCpuAllocator& self = instance();
+    std::vector<FreedBlock> to_free;
     {
-      std::lock_guard<std::mutex> lock(self->mutex_);
-      auto it = self->live_.find(data);
-      TORCH_INTERNAL_ASSERT(it != self->live_.end(), "freeing a block the census never counted");
-      block = it->second;
-      self->live_.erase(it);
+      std::lock_guard<std::mutex> lock(self.mutex_);
+      auto it = self.live_.find(data);
+      if (it == self.live_.end()) {
+        // Not counted (raw-allocated before a scope and freed through the
+        // census's raw deleter): the wrapped allocator's own deleter frees it.
+        const c10::DeleterFnPtr fallback = self.base_raw_deleter_.load();
+        if (fallback != nullptr && fallback != &CountingCpuAllocator::release)
+          to_free.push_back(FreedBlock{data, 0, fallback});
+      } else {
+        const Block block = it->second;
+        self.live_.erase(it);
+        self.bytes_ -= static_cast<int64_t>(block.n);
+        QuarantineState* q = self.quarantine_.get();
+        if (q != nullptr && self.capturing_ > 0 && block.n <= q->max_bytes) {
+          std::memset(data, kPoisonByte, block.n);
+          q->blocks.push_back(FreedBlock{data, block.n, block.deleter});
+          q->bytes += block.n;
+          while (q->bytes > q->max_bytes) {
+            to_free.push_back(q->blocks.front());
+            q->bytes -= q->blocks.front().n;
+            q->blocks.pop_front();
+            ++q->evicted;
+          }
+        } else {
+          to_free.push_back(FreedBlock{data, block.n, block.deleter});
+        }
+      }
     }
-    self->bytes_ -= static_cast<int64_t>(block.n);
-    block.deleter(data);
+    for (const FreedBlock& b : to_free) b.deleter(b.data);
   }
 
-  c10::Allocator* base_;
+  std::atomic<c10::Allocator*> base_{nullptr};
+  std::atomic<c10::DeleterFnPtr> base_raw_deleter_{nullptr};
   std::atomic<int64_t> bytes_{0};
   std::mutex mutex_;
   uint64_t epoch_ = 0;  // guarded by mutex_
   std::unordered_map<void*, Block> live_;
+  std::unique_ptr<QuarantineState> quarantine_;  // guarded by mutex_
+  int capturing_ = 0;                            // guarded by mutex_
 };
 
-CountingCpuAllocator* CountingCpuAllocator::instance = nullptr;
+// Which scopes are alive and what they replaced.
+struct InstallState {
+  std::mutex mutex;
+  int scopes = 0;
+  c10::Allocator* previous = nullptr;
+  uint8_t priority = 0;
+};
+
+InstallState& install_state() {
+  static auto* state = new InstallState();
+  return *state;
+}
 
 }  // namespace
 
-void install_cpu_census() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    // Never destroyed: tensors it allocated may outlive static destruction.
-    CountingCpuAllocator::instance = new CountingCpuAllocator(c10::GetCPUAllocator());
-    // The highest priority, so that later registrations cannot displace it.
-    c10::SetCPUAllocator(CountingCpuAllocator::instance, /*priority=*/255);
-  });
+CpuCensusScope::CpuCensusScope() {
+  InstallState& s = install_state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (s.scopes++ > 0) return;
+  CountingCpuAllocator& census = CountingCpuAllocator::instance();
+  c10::Allocator* current = c10::GetCPUAllocator();
+  if (current == &census) return;  // someone kept it; nothing to restore then
+  census.set_base(current);
+  s.previous = current;
+  // c10 keeps the allocator of the highest priority so far. Try the lowest
+  // first, so that a later registration of higher priority still wins as it
+  // would have without us; go to the top only if the current one outranks.
+  s.priority = 0;
+  c10::SetCPUAllocator(&census, s.priority);
+  if (c10::GetCPUAllocator() != &census) {
+    s.priority = 255;
+    c10::SetCPUAllocator(&census, s.priority);
+  }
+}
+
+CpuCensusScope::~CpuCensusScope() {
+  InstallState& s = install_state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (--s.scopes > 0 || s.previous == nullptr) return;
+  // Only undo our own installation; a replacement made since is left alone.
+  if (c10::GetCPUAllocator() == &CountingCpuAllocator::instance()) {
+    c10::SetCPUAllocator(s.previous, s.priority);
+  }
+  s.previous = nullptr;
+}
+
+bool cpu_census_installed() {
+  return c10::GetCPUAllocator() == &CountingCpuAllocator::instance();
 }
 
 std::optional<int64_t> live_tensor_bytes(const c10::Device& device) {
   if (device.is_cpu()) {
-    if (CountingCpuAllocator::instance == nullptr) return std::nullopt;
-    return CountingCpuAllocator::instance->bytes();
+    if (!cpu_census_installed()) return std::nullopt;
+    return CountingCpuAllocator::instance().bytes();
   }
   if (device.is_cuda()) {
     try {
@@ -119,13 +245,43 @@ std::optional<int64_t> live_tensor_bytes(const c10::Device& device) {
 }
 
 std::optional<uint64_t> cpu_allocation_epoch() {
-  if (CountingCpuAllocator::instance == nullptr) return std::nullopt;
-  return CountingCpuAllocator::instance->epoch();
+  if (!cpu_census_installed()) return std::nullopt;
+  return CountingCpuAllocator::instance().epoch();
 }
 
 std::optional<uint64_t> cpu_allocation_epoch_of(const void* data) {
-  if (CountingCpuAllocator::instance == nullptr || data == nullptr) return std::nullopt;
-  return CountingCpuAllocator::instance->epoch_of(data);
+  if (!cpu_census_installed() || data == nullptr) return std::nullopt;
+  return CountingCpuAllocator::instance().epoch_of(data);
 }
+
+Quarantine::Quarantine(size_t max_bytes) {
+  CountingCpuAllocator::instance().open_quarantine(max_bytes);
+}
+
+Quarantine::~Quarantine() {
+  for (const FreedBlock& b : CountingCpuAllocator::instance().close_quarantine())
+    b.deleter(b.data);
+}
+
+size_t Quarantine::held_bytes() const {
+  return CountingCpuAllocator::instance().with_quarantine(
+      [](QuarantineState* q) { return q ? q->bytes : size_t{0}; });
+}
+
+size_t Quarantine::held_blocks() const {
+  return CountingCpuAllocator::instance().with_quarantine(
+      [](QuarantineState* q) { return q ? q->blocks.size() : size_t{0}; });
+}
+
+size_t Quarantine::evicted_blocks() const {
+  return CountingCpuAllocator::instance().with_quarantine(
+      [](QuarantineState* q) { return q ? q->evicted : size_t{0}; });
+}
+
+Quarantine::Capturing::Capturing(Quarantine& /*quarantine*/) {
+  CountingCpuAllocator::instance().capture(+1);
+}
+
+Quarantine::Capturing::~Capturing() { CountingCpuAllocator::instance().capture(-1); }
 
 }  // namespace reloadsafe::harness

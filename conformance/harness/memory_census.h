@@ -1,13 +1,14 @@
-// memory_census.h: how many bytes live tensor storages hold.
+// memory_census.h: how many bytes live tensor storages hold, and a
+// quarantine that keeps storages freed by a reload poisoned and in place.
 //
 // A reload that keeps old storages alive (a list of previous checkpoints, a
 // cache keyed by object identity, a closure holding last load's repack)
 // grows memory with every reload until the process dies, and passes every
 // address check. The census counts it:
 //
-//  - CPU: a counting allocator, installed once per process in front of the
-//    CPU allocator it replaces, counts the bytes of allocations made through
-//    it that are still alive. Allocations made before it was installed, or
+//  - CPU: a counting allocator, in front of the CPU allocator while a
+//    CpuCensusScope is alive, counts the bytes of allocations made through
+//    it that are still alive. Allocations made while no scope was alive, or
 //    by code that bypasses the CPU allocator (at::from_blob over foreign
 //    memory, the default allocator called directly), are not counted.
 //  - CUDA: the caching allocator's allocated bytes (not its reserved bytes:
@@ -16,33 +17,101 @@
 // The CPU census also numbers allocations in order (an epoch), which tells
 // the read trace whether a storage was allocated before or inside its scope.
 //
-// Invariant: the counting allocator hands out exactly what the allocator it
-// wraps hands out, at the same addresses; it only adds bookkeeping.
+// Invariants:
+//  - the counting allocator hands out exactly what the allocator it wraps
+//    hands out, at the same addresses; it only adds bookkeeping;
+//  - when the last CpuCensusScope ends, the CPU allocator is again the one
+//    that was installed before the first began (unless someone else replaced
+//    it in between, which is then left alone);
+//  - no free ever fails: a block the census did not count (allocated before
+//    a scope, or through another path) is handed to the wrapped allocator's
+//    deleter, never reported by an exception from a deleter.
+//
+// Note [Poison quarantine]
+// A kernel that reads a weight through a pointer it kept (a kernel object
+// holding a raw pointer, a ctypes or Triton launch, a packed handle) is
+// invisible to the dispatcher, so the read trace cannot see it. After a
+// reload moved that weight, such a kernel reads freed memory, and whether its
+// result differs from a fresh load depends on whether the allocator reused
+// the bytes. While a QuarantineScope is capturing, every CPU block freed
+// through the census is instead filled with kPoisonByte and kept until the
+// scope's Quarantine ends: the address cannot be reused, and a stale read
+// computes from the poison, deterministically. 0xFF in every byte is a NaN
+// for every floating dtype (float64/32/16, bfloat16, float8 e4m3fn and
+// e5m2) and -1 (or the maximum, unsigned) for integers. Quarantined bytes do
+// not count as live tensor bytes. CUDA: the caching allocator offers no hook
+// to keep a freed block from reuse, so the quarantine is CPU-only; on CUDA
+// the graph replay (python/reloadsafe/cuda_graph.py) catches such reads.
 #pragma once
 
 #include <c10/core/Device.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 
 namespace reloadsafe::harness {
 
-/// Installs the counting CPU allocator (idempotent, thread-safe). From then
-/// on every CPU tensor allocation is counted until it is freed.
-void install_cpu_census();
+/// While alive, the counting CPU allocator is the CPU allocator (the first
+/// scope installs it, the end of the last one restores the previous one).
+/// Scopes nest and may be entered on any thread.
+class CpuCensusScope {
+ public:
+  CpuCensusScope();
+  ~CpuCensusScope();
+  CpuCensusScope(const CpuCensusScope&) = delete;
+  CpuCensusScope& operator=(const CpuCensusScope&) = delete;
+};
+
+/// Whether the counting allocator is the CPU allocator now.
+bool cpu_census_installed();
 
 /// Bytes held by live tensor storages on `device` (see above), or nothing
-/// where the census cannot count (the CPU before install_cpu_census(), other
+/// where the census cannot count (the CPU outside any CpuCensusScope, other
 /// device types).
 std::optional<int64_t> live_tensor_bytes(const c10::Device& device);
 
-/// The number of CPU allocations counted so far, or nothing before
-/// install_cpu_census().
+/// The number of CPU allocations counted so far, or nothing outside any
+/// CpuCensusScope.
 std::optional<uint64_t> cpu_allocation_epoch();
 
 /// The epoch at which the live CPU block starting at `data` was allocated,
-/// or nothing if the census does not know it (allocated before the census
-/// was installed, or not by the CPU allocator).
+/// or nothing if the census does not know it (allocated outside any scope,
+/// or not by the CPU allocator).
 std::optional<uint64_t> cpu_allocation_epoch_of(const void* data);
+
+/// The byte freed CPU blocks are filled with in quarantine (see Note [Poison
+/// quarantine]).
+constexpr unsigned char kPoisonByte = 0xFF;
+
+/// Holds poisoned freed CPU blocks until it is destroyed (see Note [Poison
+/// quarantine]). At most one Quarantine exists at a time; creating a second
+/// is a caller's error. Blocks beyond `max_bytes` are released oldest first.
+class Quarantine {
+ public:
+  static constexpr size_t kDefaultMaxBytes = size_t{2} << 30;  // 2 GiB
+
+  explicit Quarantine(size_t max_bytes = kDefaultMaxBytes);
+  /// Frees every held block.
+  ~Quarantine();
+  Quarantine(const Quarantine&) = delete;
+  Quarantine& operator=(const Quarantine&) = delete;
+
+  /// Bytes and blocks held now, and blocks released early to stay within
+  /// max_bytes.
+  size_t held_bytes() const;
+  size_t held_blocks() const;
+  size_t evicted_blocks() const;
+
+  /// While alive (on any thread), CPU blocks freed through the census are
+  /// poisoned and held by `quarantine` instead of being freed.
+  class Capturing {
+   public:
+    explicit Capturing(Quarantine& quarantine);
+    ~Capturing();
+    Capturing(const Capturing&) = delete;
+    Capturing& operator=(const Capturing&) = delete;
+  };
+};
 
 }  // namespace reloadsafe::harness

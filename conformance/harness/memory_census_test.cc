@@ -4,14 +4,17 @@
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <optional>
+#include <vector>
 
 namespace reloadsafe::harness {
 namespace {
 
 TEST(MemoryCensus, CountsLiveCpuStoragesAndForgetsFreedOnes) {
-  install_cpu_census();
-  install_cpu_census();  // idempotent
+  CpuCensusScope census;
+  CpuCensusScope nested;  // scopes nest
   const int64_t before = live_tensor_bytes(c10::kCPU).value();
   std::optional<at::Tensor> t = at::empty({1024}, at::kFloat);
   EXPECT_EQ(live_tensor_bytes(c10::kCPU).value() - before, 4096);
@@ -22,7 +25,7 @@ TEST(MemoryCensus, CountsLiveCpuStoragesAndForgetsFreedOnes) {
 }
 
 TEST(MemoryCensus, NumbersAllocationsInOrder) {
-  install_cpu_census();
+  CpuCensusScope census;
   const uint64_t start = cpu_allocation_epoch().value();
   const at::Tensor a = at::empty({16});
   const at::Tensor b = at::empty({16});
@@ -35,7 +38,7 @@ TEST(MemoryCensus, NumbersAllocationsInOrder) {
 }
 
 TEST(MemoryCensus, HandsOutUsableMemoryThroughEveryPath) {
-  install_cpu_census();
+  CpuCensusScope census;
   // raw_allocate / raw_deallocate go through the counting allocator too.
   c10::Allocator* cpu = c10::GetCPUAllocator();
   const int64_t before = live_tensor_bytes(c10::kCPU).value();
@@ -48,8 +51,102 @@ TEST(MemoryCensus, HandsOutUsableMemoryThroughEveryPath) {
   EXPECT_EQ(t.sum().item<float>(), 499500.0f);
 }
 
+TEST(MemoryCensus, TheLastScopeRestoresTheAllocatorItFound) {
+  c10::Allocator* original = c10::GetCPUAllocator();
+  {
+    CpuCensusScope outer;
+    EXPECT_NE(c10::GetCPUAllocator(), original);
+    EXPECT_TRUE(cpu_census_installed());
+    {
+      CpuCensusScope inner;
+      EXPECT_TRUE(cpu_census_installed());
+    }
+    EXPECT_TRUE(cpu_census_installed()) << "an inner scope's end leaves the outer one counting";
+  }
+  EXPECT_EQ(c10::GetCPUAllocator(), original);
+  EXPECT_FALSE(cpu_census_installed());
+  EXPECT_FALSE(live_tensor_bytes(c10::kCPU).has_value()) << "nothing is counted outside a scope";
+}
+
+// Blocks that cross a scope's boundary, in either direction and through
+// either path, are freed exactly once and never make a deleter throw (the
+// census used to abort on a raw block allocated before it, as oneDNN's are).
+TEST(MemoryCensus, BlocksCrossingAScopeBoundaryAreFreedQuietly) {
+  c10::Allocator* cpu = c10::GetCPUAllocator();
+  void* before_scope = cpu->raw_allocate(512);
+  std::optional<at::Tensor> outlives;
+  void* raw_inside = nullptr;
+  {
+    CpuCensusScope census;
+    EXPECT_NO_THROW(c10::GetCPUAllocator()->raw_deallocate(before_scope));
+    outlives = at::ones({64});
+    raw_inside = c10::GetCPUAllocator()->raw_allocate(128);
+  }
+  EXPECT_EQ(outlives->sum().item<float>(), 64.0f);
+  EXPECT_NO_THROW(outlives.reset());
+  // Freed through the restored allocator, behind the census's back.
+  EXPECT_NO_THROW(c10::GetCPUAllocator()->raw_deallocate(raw_inside));
+  CpuCensusScope again;
+  const int64_t base = live_tensor_bytes(c10::kCPU).value();
+  std::vector<at::Tensor> reuse;
+  for (int i = 0; i < 32; ++i) reuse.push_back(at::empty({32}));  // may reuse raw_inside
+  EXPECT_EQ(live_tensor_bytes(c10::kCPU).value() - base, 32 * 128);
+  reuse.clear();
+  EXPECT_EQ(live_tensor_bytes(c10::kCPU).value(), base);
+}
+
 TEST(MemoryCensus, SaysWhenItCannotCount) {
   EXPECT_FALSE(live_tensor_bytes(c10::Device(c10::kMeta)).has_value());
+}
+
+TEST(Quarantine, HoldsPoisonedBlocksFreedWhileCapturing) {
+  CpuCensusScope census;
+  Quarantine quarantine;
+  std::optional<at::Tensor> weight = at::ones({256}, at::kFloat);
+  std::optional<at::Tensor> other = at::ones({256}, at::kInt);
+  const float* stale = weight->data_ptr<float>();
+  const int32_t* stale_int = other->data_ptr<int32_t>();
+  const int64_t live = live_tensor_bytes(c10::kCPU).value();
+  {
+    Quarantine::Capturing capturing(quarantine);
+    weight.reset();
+    other.reset();
+  }
+  EXPECT_EQ(quarantine.held_blocks(), 2u);
+  EXPECT_EQ(quarantine.held_bytes(), 2u * 1024u);
+  EXPECT_EQ(live_tensor_bytes(c10::kCPU).value(), live - 2048) << "held blocks are not live";
+  // What a kernel holding the old pointer reads now (the block is still
+  // mapped and owned by the quarantine, so this read is defined).
+  for (int i = 0; i < 256; ++i) {
+    ASSERT_TRUE(std::isnan(stale[i])) << "element " << i;
+    ASSERT_EQ(stale_int[i], -1) << "element " << i;
+  }
+  std::vector<at::Tensor> fresh;
+  for (int i = 0; i < 16; ++i) {
+    fresh.push_back(at::empty({256}, at::kFloat));
+    EXPECT_NE(fresh.back().data_ptr(), static_cast<const void*>(stale)) << "a held block is not reused";
+  }
+  std::optional<at::Tensor> outside = at::ones({16});
+  outside.reset();  // not capturing: freed at once
+  EXPECT_EQ(quarantine.held_blocks(), 2u);
+}
+
+TEST(Quarantine, ReleasesTheOldestBeyondItsLimit) {
+  CpuCensusScope census;
+  Quarantine quarantine(/*max_bytes=*/3 * 4096);
+  Quarantine::Capturing capturing(quarantine);
+  for (int i = 0; i < 5; ++i) {
+    at::Tensor t = at::empty({1024}, at::kFloat);  // 4096 bytes, freed at once
+  }
+  EXPECT_EQ(quarantine.held_blocks(), 3u);
+  EXPECT_EQ(quarantine.held_bytes(), 3u * 4096u);
+  EXPECT_EQ(quarantine.evicted_blocks(), 2u);
+}
+
+TEST(Quarantine, OneAtATime) {
+  CpuCensusScope census;
+  Quarantine first;
+  EXPECT_THROW(Quarantine second, c10::Error);
 }
 
 }  // namespace

@@ -131,8 +131,101 @@ class LazySortControl : public LinearControl {
   static at::Tensor sort_indices(const at::Tensor& w) { return at::argsort(w.sum(0)); }
 };
 
+// A kernel object that kept a raw pointer to the packed weight of the first
+// post-processing (as a handle made once and never refreshed would). Every
+// reload re-packs into a new tensor and frees the old one; the kernel reads
+// through its pointer, without any op argument, so neither the trace nor the
+// declared tensors see it. Only the poison quarantine (memory_census.h) makes
+// the stale read visible deterministically: without it the allocator tends
+// to hand the freed block to the new pack, and the stale pointer reads the
+// right values by luck.
+struct RawPointerKernel {
+  std::weak_ptr<torch::nn::Module> layer;
+  const float* packed = nullptr;  // never owns: a raw handle
+};
+std::vector<RawPointerKernel>& raw_kernels() {
+  static auto* kernels = new std::vector<RawPointerKernel>();
+  return *kernels;
+}
+
+class RawPointerControl : public Backend {
+ public:
+  std::string name() const override { return "neg_raw_pointer"; }
+  std::string description() const override {
+    return "negative control: a kernel object reads a re-packed weight through a stale raw pointer";
+  }
+  std::shared_ptr<Layer> create_layer(const c10::Device& device) const override {
+    auto layer = std::make_shared<Layer>();
+    layer->register_param("weight", make_checkpoint_param({16, 64}, at::kFloat, device));
+    layer->register_param("bias", make_checkpoint_param({16}, at::kFloat, device));
+    return layer;
+  }
+  void process_weights_after_loading(Layer& layer) const override {
+    layer.set_attribute("packed", layer.get("weight").t().contiguous());
+    auto& kernels = raw_kernels();
+    kernels.erase(std::remove_if(kernels.begin(), kernels.end(),
+                                 [](const RawPointerKernel& k) { return k.layer.expired(); }),
+                  kernels.end());
+    for (const auto& k : kernels) {
+      if (k.layer.lock().get() == &layer) return;  // the handle is made once
+    }
+    kernels.push_back({layer.shared_from_this(), layer.get("packed").data_ptr<float>()});
+  }
+  at::Tensor forward(const Layer& layer, const at::Tensor& x) const override {
+    const float* packed = nullptr;
+    for (const auto& k : raw_kernels()) {
+      if (k.layer.lock().get() == &layer) packed = k.packed;
+    }
+    TORCH_CHECK(packed != nullptr, "no kernel object for this layer");
+    TORCH_CHECK(x.device().is_cpu(), "neg_raw_pointer runs on the CPU only");
+    const at::Tensor xc = x.contiguous();
+    at::Tensor out = at::empty({x.size(0), 16}, x.options());
+    const float* xs = xc.data_ptr<float>();
+    float* o = out.data_ptr<float>();
+    for (int64_t i = 0; i < x.size(0); ++i) {
+      for (int64_t j = 0; j < 16; ++j) {
+        float acc = 0;
+        for (int64_t k = 0; k < 64; ++k) acc += xs[i * 64 + k] * packed[k * 16 + j];
+        o[i * 16 + j] = acc;
+      }
+    }
+    return at::add(out, layer.get("bias"));
+  }
+  std::vector<int64_t> input_shape() const override { return {8, 64}; }
+  bool cpu_only() const override { return true; }
+  bool negative_control() const override { return true; }
+  std::string expected_violation() const override { return "forward"; }
+};
+
+// A workspace made by the first forward, as first_forward_workspace makes
+// it, but dropped by every post-processing "to be re-made lazily": the graph
+// captured after warm-up keeps reading the dropped one.
+class WorkspacePerReloadControl : public LinearControl {
+ public:
+  std::string name() const override { return "neg_workspace_per_reload"; }
+  std::string description() const override {
+    return "negative control: the first forward's workspace is dropped by every reload";
+  }
+  void process_weights_after_loading(Layer& layer) const override {
+    if (layer.has("workspace")) layer.set("workspace", at::Tensor());
+  }
+  at::Tensor forward(const Layer& layer, const at::Tensor& x) const override {
+    auto& self = const_cast<Layer&>(layer);  // a kernel's lazily made state
+    if (!self.has("workspace") || !self.get("workspace").defined()) {
+      self.set_attribute("workspace", at::zeros({8, 16}, x.options()));
+    }
+    at::Tensor ws = self.get("workspace");
+    at::mm_out(ws, x, layer.get("weight").t());
+    return ws.clone();
+  }
+  std::vector<std::string> derived_names() const override { return {"workspace"}; }
+  std::string expected_violation() const override { return "workspace"; }
+};
+
 }  // namespace
 
+RELOADSAFE_REGISTER_BACKEND(RawPointerControl);
+RELOADSAFE_REGISTER_BACKEND(WorkspacePerReloadControl);
 RELOADSAFE_REGISTER_BACKEND(UndeclaredScaleControl);
 RELOADSAFE_REGISTER_BACKEND(HeldOutsideControl);
 RELOADSAFE_REGISTER_BACKEND(LeakControl);

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstring>
 #include <iomanip>
 #include <set>
 #include <sstream>
@@ -45,7 +46,11 @@ using Records = std::vector<std::pair<std::string, TensorRecord>>;
 Records declared_records(const std::vector<NamedTensor>& named) {
   Records records;
   for (const auto& n : named) {
-    if (n.declared && n.tensor.defined() && n.tensor.has_storage()) {
+    // A Python subclass tensor is recorded through its inner tensors, which
+    // the subject names; its own storage is nothing a kernel reads.
+    if (n.declared && n.tensor.defined() &&
+        !n.tensor.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python) &&
+        n.tensor.has_storage()) {
       records.emplace_back(n.name, TensorRecord(n.tensor));
     }
   }
@@ -113,9 +118,14 @@ void compare_records(const Records& before, const Records& after, int reload, Vi
   }
 }
 
+// Byte for byte (NaN payloads included, which an element-wise == is not).
 bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
-  return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
-         at::equal(a.cpu(), b.cpu());
+  if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) return false;
+  if (a.layout() != at::kStrided || b.layout() != at::kStrided) return at::equal(a.cpu(), b.cpu());
+  const at::Tensor ca = a.cpu().contiguous();
+  const at::Tensor cb = b.cpu().contiguous();
+  const size_t n = ca.numel() * ca.element_size();
+  return n == 0 || std::memcmp(ca.const_data_ptr(), cb.const_data_ptr(), n) == 0;
 }
 
 std::string max_diff(const at::Tensor& a, const at::Tensor& b) {
@@ -129,12 +139,16 @@ std::string max_diff(const at::Tensor& a, const at::Tensor& b) {
   return os.str();
 }
 
+// NaN and infinities at the same places in both compare equal: a layer may
+// legitimately compute them, and a stale read of poisoned memory (see Note
+// [Poison quarantine] in memory_census.h) still differs from a fresh load.
 bool close(const at::Tensor& a, const at::Tensor& b) {
   if (a.sizes() != b.sizes()) return false;
   if (a.scalar_type() == b.scalar_type() && a.device() == b.device()) {
-    return at::allclose(a, b, 1e-5, 1e-5);
+    return at::allclose(a, b, 1e-5, 1e-5, /*equal_nan=*/true);
   }
-  return at::allclose(a.cpu().to(at::kDouble), b.cpu().to(at::kDouble), 1e-5, 1e-5);
+  return at::allclose(a.cpu().to(at::kDouble), b.cpu().to(at::kDouble), 1e-5, 1e-5,
+                      /*equal_nan=*/true);
 }
 
 // The captured forward and what it reads, named and checked once.
@@ -146,11 +160,16 @@ struct Capture {
 Capture capture_forward(ReloadSubject& subject, const at::Tensor& x, ModeReport& report) {
   Capture c;
   c.names = std::make_unique<TensorNames>(subject.named_tensors());
+  for (const NamedObject& o : subject.named_objects()) c.names->add_object(o.name, o.identity);
   c.names->add("input", x, /*declared=*/true);
   c.forward = std::make_unique<CapturedForward>([&] { return subject.forward(x); });
   std::set<const void*> declared, undeclared;
   for (const CapturedRead& r : c.forward->reads(*c.names)) {
     if (r.name == "input") continue;
+    // A subclass wrapper is checked through its inner reads; a tensor without
+    // storage has nothing addressable.
+    if (r.kind == CapturedRead::Kind::kSubclass || r.kind == CapturedRead::Kind::kNoStorage)
+      continue;
     if (r.declared) {
       declared.insert(r.storage);
     } else if (undeclared.insert(r.storage).second) {
@@ -162,11 +181,17 @@ Capture capture_forward(ReloadSubject& subject, const at::Tensor& x, ModeReport&
   }
   report.declared_reads = static_cast<int>(declared.size());
   report.undeclared_reads = static_cast<int>(undeclared.size());
-  const size_t weights = declared.size() + undeclared.size();
-  TORCH_CHECK(weights > 0, "the forward reads no tensor besides its input (",
-              c.forward->trace().ops().size(),
+  const size_t ops = c.forward->trace().ops().size();
+  TORCH_CHECK(ops > 0,
+              "the forward ran no operator on the calling thread: if it runs its ops on another "
+              "thread (a thread pool, an executor, a background stream), the read trace cannot "
+              "see them (it records the calling thread only); run the forward's ops on the "
+              "thread that calls it while checking");
+  TORCH_CHECK(!declared.empty() || !undeclared.empty(), "the forward reads no tensor besides its input (",
+              ops,
               " ops traced): it must read the layer's weights through dispatcher ops; a kernel "
-              "launched without the dispatcher is invisible to the trace");
+              "launched without the dispatcher, or ops run on another thread, are invisible to "
+              "the trace");
   return c;
 }
 
@@ -176,20 +201,29 @@ ModeReport run_mode(ReloadSubject& subject, ReloadMode mode, const RunOptions& o
   const auto declared = subject.modes();
   report.expected_to_pass = std::find(declared.begin(), declared.end(), mode) != declared.end();
   ViolationSink sink(report, options.max_listed);
-  if (options.device.is_cpu()) install_cpu_census();
+  // The census counts live CPU bytes while the check runs; storages a reload
+  // frees are poisoned and held (see Note [Poison quarantine]). Both end with
+  // the mode, leaving the process's allocator as it was.
+  std::optional<CpuCensusScope> census;
+  std::optional<Quarantine> quarantine;
+  if (options.device.is_cpu()) {
+    census.emplace();
+    quarantine.emplace();
+  }
   try {
     subject.cold_load(subject.make_checkpoint(options.seed));
-    const Records recorded = declared_records(subject.named_tensors());
     const at::Tensor x = subject.make_input(options.seed + 7919).to(options.device);
     const at::Tensor x_copy = x.clone();
     const at::Tensor canary =
         at::full({4096}, 0x5a, at::TensorOptions().dtype(at::kByte).device(options.device));
 
+    // Engines run the forward before they capture; state it makes and keeps
+    // (a workspace, a first-forward repack) belongs to the capture, so the
+    // baseline of declared tensors is taken after it too.
+    subject.forward(x);
+    const Records recorded = declared_records(subject.named_tensors());
     Capture capture;
-    if (options.trace) {
-      subject.forward(x);  // warm-up: engines run the forward before they capture
-      capture = capture_forward(subject, x, report);
-    }
+    if (options.trace) capture = capture_forward(subject, x, report);
     auto memory = [&] {
       if (auto bytes = live_tensor_bytes(options.device)) report.memory_bytes.push_back(*bytes);
     };
@@ -202,6 +236,8 @@ ModeReport run_mode(ReloadSubject& subject, ReloadMode mode, const RunOptions& o
       for (const auto& [n, t] : ckpt) pristine.emplace(n, t.clone());
       {
         DirectReloadScope direct(mode == ReloadMode::kDirect);
+        std::optional<Quarantine::Capturing> capturing;
+        if (quarantine) capturing.emplace(*quarantine);
         subject.reload(ckpt, mode);
       }
       report.reloads_done = r;
@@ -212,7 +248,7 @@ ModeReport run_mode(ReloadSubject& subject, ReloadMode mode, const RunOptions& o
         if (!same_bytes(t, pristine.at(n))) sink.add(r, "checkpoint:" + n, "bytes changed", "", "");
       }
       if (!same_bytes(x, x_copy)) sink.add(r, "input", "bytes changed", "", "");
-      if (!at::equal(canary.cpu(), at::full({4096}, 0x5a, at::kByte)))
+      if (!same_bytes(canary, at::full({4096}, 0x5a, at::kByte)))
         sink.add(r, "canary", "bytes changed", "", "");
 
       at::Tensor out;
@@ -366,14 +402,17 @@ std::string to_table(const std::vector<BackendReport>& reports) {
     return std::to_string(r.modes[0].declared_reads) + "/" +
            std::to_string(r.modes[0].undeclared_reads);
   };
-  os << std::left << std::setw(24) << "backend" << std::setw(30) << "normal reload" << std::setw(30)
+  size_t name_width = 24;  // at least two spaces after the longest name
+  for (const auto& r : reports) name_width = std::max(name_width, r.name.size() + 2);
+  const int w = static_cast<int>(name_width);
+  os << std::left << std::setw(w) << "backend" << std::setw(30) << "normal reload" << std::setw(30)
      << "direct reload" << std::setw(12) << "reads d/u"
      << "verdict\n";
   for (const auto& r : reports) {
     const std::string verdict = r.negative_control
                                     ? (r.ok() ? "flagged (negative control)" : "NOT FLAGGED")
                                     : (r.ok() ? "pass" : "FAIL");
-    os << std::setw(24) << r.name << std::setw(30) << (r.modes.size() > 0 ? cell(r.modes[0]) : "")
+    os << std::setw(w) << r.name << std::setw(30) << (r.modes.size() > 0 ? cell(r.modes[0]) : "")
        << std::setw(30) << (r.modes.size() > 1 ? cell(r.modes[1]) : "") << std::setw(12) << reads(r)
        << verdict << "\n";
   }

@@ -82,8 +82,15 @@ struct CapturedRead {
   int depth = 0;     ///< 0: an op the forward called; n: nested inside one
   std::string name;  ///< the tensor's name, "input" or "undeclared tensor"
   bool declared = false;
-  std::string layout;
+  std::string layout;  ///< for an object: its class
   const void* storage = nullptr;  ///< identity, for counting distinct tensors
+  enum class Kind {
+    kTensor,     ///< a tensor with a storage: checked for address and layout
+    kSubclass,   ///< a Python subclass tensor: its inner reads are checked
+    kNoStorage,  ///< sparse, mkldnn, nested: nothing addressable to check
+    kObject,     ///< an opaque object: checked for identity
+  };
+  Kind kind = Kind::kTensor;
 };
 
 struct ModeReport {
@@ -129,6 +136,13 @@ struct NamedTensor {
   bool declared = true;
 };
 
+/// An opaque object (a TorchBind script object) the subject can name, by
+/// identity (trace::ObjectRead::identity).
+struct NamedObject {
+  std::string name;
+  const void* identity = nullptr;
+};
+
 /// What the protocol needs from a layer under test, whatever it is written
 /// in. The subject holds one live layer at a time.
 class ReloadSubject {
@@ -159,6 +173,9 @@ class ReloadSubject {
 
   /// Every tensor of the live layer the subject can name.
   virtual std::vector<NamedTensor> named_tensors() = 0;
+
+  /// Every opaque object of the live layer the subject can name.
+  virtual std::vector<NamedObject> named_objects() { return {}; }
 
   /// The forward's input, drawn from `seed`.
   virtual at::Tensor make_input(uint64_t seed) = 0;

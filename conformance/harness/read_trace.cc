@@ -6,7 +6,13 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <ATen/core/function.h>
+#include <ATen/core/ivalue.h>
+#include <c10/util/SmallVector.h>
+
 #include <algorithm>
+#include <cstring>
+#include <mutex>
 #include <sstream>
 
 namespace reloadsafe::trace {
@@ -39,7 +45,72 @@ void trace_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
     op.redispatchBoxed(ks.remove(kTraceKey), stack);
     return;
   }
-  trace->on_call(op, ks, stack);
+  ReadTrace::dispatch(trace, op, ks, stack);
+}
+
+// A Python tensor (a __torch_dispatch__ subclass, FakeTensor, ...): its
+// storage, if any, is not what kernels read, and touching it may throw.
+bool dispatches_in_python(const at::Tensor& t) {
+  return t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python);
+}
+
+bool has_plain_storage(const at::Tensor& t) {
+  return t.defined() && !dispatches_in_python(t) && t.has_storage();
+}
+
+// TorchBind qualifies its classes as "__torch__.torch.classes.<ns>.<Name>".
+std::string short_class_name(const c10::ivalue::Object& obj) {
+  std::string name = obj.type()->name() ? obj.type()->name()->qualifiedName() : obj.type()->str();
+  constexpr const char* kPrefix = "__torch__.torch.classes.";
+  if (name.rfind(kPrefix, 0) == 0) name = name.substr(std::strlen(kPrefix));
+  return name;
+}
+
+struct ObjectTensorRegistry {
+  std::mutex mutex;
+  std::unordered_map<std::string, ObjectTensors> by_class;
+};
+
+ObjectTensorRegistry& object_tensor_registry() {
+  static auto* registry = new ObjectTensorRegistry();
+  return *registry;
+}
+
+// The tensors `object` reports, and the name of the source ("unpack()" or
+// "tensors"), or nothing. Runs with the trace key excluded; never throws.
+std::pair<std::vector<at::Tensor>, const char*> reported_tensors(const c10::IValue& object) {
+  std::vector<at::Tensor> out;
+  try {
+    c10::impl::ExcludeDispatchKeyGuard off(kTraceKey);
+    const c10::ivalue::Object& obj = object.toObjectRef();
+    ObjectTensors fn;
+    {
+      ObjectTensorRegistry& registry = object_tensor_registry();
+      std::lock_guard<std::mutex> lock(registry.mutex);
+      for (const std::string& key : {obj.type()->str(), short_class_name(obj)}) {
+        auto it = registry.by_class.find(key);
+        if (it != registry.by_class.end()) fn = it->second;
+      }
+    }
+    if (fn) return {fn(object), "tensors"};
+    torch::jit::Function* unpack = obj.type()->findMethod("unpack");
+    if (unpack == nullptr || unpack->getSchema().arguments().size() != 1) return {out, nullptr};
+    torch::jit::Stack stack{object};
+    unpack->run(stack);
+    std::function<void(const c10::IValue&)> collect = [&](const c10::IValue& v) {
+      if (v.isTensor()) {
+        out.push_back(v.toTensor());
+      } else if (v.isTuple()) {
+        for (const c10::IValue& e : v.toTupleRef().elements()) collect(e);
+      } else if (v.isTensorList()) {
+        for (const at::Tensor& t : v.toTensorList().vec()) out.push_back(t);
+      }
+    };
+    for (const c10::IValue& v : stack) collect(v);
+    return {out, "unpack()"};
+  } catch (const std::exception&) {
+    return {{}, nullptr};  // an object that cannot report reports nothing
+  }
 }
 
 }  // namespace
@@ -51,7 +122,9 @@ void trace_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
 // which is how a replay maps them to the results it recomputes.
 c10::IValue ReadTrace::hold_as_captured(const c10::IValue& v) const {
   auto snapshot = [this](const at::Tensor& t) -> at::Tensor {
-    if (!t.defined() || !t.has_storage()) return t;
+    // A Python tensor is held as itself: detaching it would run its
+    // subclass's dispatch (see Note [Holding runs no op]).
+    if (!has_plain_storage(t)) return t;
     auto it = seen_.find(t.storage().unsafeGetStorageImpl());
     if (it == seen_.end() || !it->second.external) return t;
     return at::Tensor(t.unsafeGetTensorImpl()->shallow_copy_and_detach(
@@ -79,6 +152,13 @@ TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericMode, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&trace_fallback>());
 }
 
+void register_object_tensors(const std::string& class_name, ObjectTensors fn) {
+  TORCH_CHECK(!class_name.empty() && fn, "register_object_tensors: give a class name and a function");
+  ObjectTensorRegistry& registry = object_tensor_registry();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  registry.by_class[class_name] = std::move(fn);
+}
+
 std::string to_hex(const void* p) {
   std::ostringstream os;
   os << p;
@@ -92,6 +172,15 @@ std::string TensorRead::layout() const {
   return os.str();
 }
 
+std::string ObjectRead::where(const std::string& op_name) const {
+  std::ostringstream os;
+  os << op_name << " arg " << arg;
+  if (!arg_name.empty()) os << " (" << arg_name << ")";
+  return os.str();
+}
+
+std::string ObjectRead::describe() const { return class_name + "@" + to_hex(identity); }
+
 std::string TensorRead::where(const std::string& op_name) const {
   std::ostringstream os;
   os << op_name << " arg " << arg;
@@ -101,7 +190,6 @@ std::string TensorRead::where(const std::string& op_name) const {
 }
 
 ReadTrace::ReadTrace(Options options) : options_(options) {
-  harness::install_cpu_census();
   start_epoch_ = harness::cpu_allocation_epoch().value_or(0);
   owner_ = std::this_thread::get_id();
   previous_ = tls_active;
@@ -173,7 +261,8 @@ TensorRead ReadTrace::read_of(const at::Tensor& t, int arg, int element,
   r.strides = t.layout() == c10::kStrided ? t.strides().vec() : std::vector<int64_t>{};
   r.dtype = t.scalar_type();
   r.device = t.device();
-  r.has_storage = t.has_storage();
+  r.subclass = dispatches_in_python(t);
+  r.has_storage = !r.subclass && t.has_storage();
   if (!r.has_storage) {
     // Nothing addressable to compare; treated as external so that it is
     // reported rather than silently ignored.
@@ -219,7 +308,7 @@ bool ReadTrace::existed_before(const TensorRead& r) const {
 }
 
 void ReadTrace::note_result(const at::Tensor& t) {
-  if (!t.defined() || !t.has_storage()) return;
+  if (!has_plain_storage(t)) return;
   const c10::Storage& storage = t.storage();
   // First seen as a result: made inside the scope.
   seen_.emplace(
@@ -227,19 +316,63 @@ void ReadTrace::note_result(const at::Tensor& t) {
       Seen{false, c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl())});
 }
 
-void ReadTrace::on_call(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
-                        torch::jit::Stack* stack) {
+void ReadTrace::add_object(OpCall& call, const c10::IValue& v, int arg,
+                           const c10::Argument& schema_arg) {
+  const c10::ivalue::Object& obj = v.toObjectRef();
+  ObjectRead o;
+  o.arg = arg;
+  o.arg_name = schema_arg.name();
+  o.class_name = short_class_name(obj);
+  o.identity = &obj;
+  if (obj.slots().size() > 0 && obj.getSlot(0).isCapsule()) {
+    o.payload = obj.getSlot(0).toCapsule().get();
+  }
+  objects_seen_.push_back(v);
+  // Tensors the object reports, where two calls agree on their storages.
+  auto [first, source] = reported_tensors(v);
+  if (source != nullptr && !first.empty()) {
+    auto [second, again] = reported_tensors(v);
+    for (size_t k = 0; k < first.size() && k < second.size(); ++k) {
+      const at::Tensor& t = first[k];
+      if (!has_plain_storage(t) || !has_plain_storage(second[k]) ||
+          t.storage().unsafeGetStorageImpl() != second[k].storage().unsafeGetStorageImpl()) {
+        continue;
+      }
+      TensorRead r = read_of(t, arg, static_cast<int>(k), schema_arg);
+      r.arg_name = o.arg_name + "." + source + "[" + std::to_string(k) + "]";
+      r.object = o.identity;
+      call.reads.push_back(std::move(r));
+    }
+  }
+  call.objects.push_back(std::move(o));
+}
+
+// Note [Holding runs no op]
+// Everything the trace does besides redispatching (reading arguments,
+// holding them for a capture, asking an object for its tensors) runs with
+// the trace key excluded. Holding a Python subclass tensor by detaching it
+// would call the subclass's __torch_dispatch__, whose ops a trace that
+// holds arguments (the capture) would record and a trace that does not (a
+// retrace) would not: the two op sequences would differ for a layer that
+// changed nothing.
+void ReadTrace::begin_call(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                           CallInProgress& progress) {
+  if (!options_.nested && depth_ > 0) {
+    ++depth_;
+    return;
+  }
+  c10::impl::ExcludeDispatchKeyGuard off(kTraceKey);
   const c10::FunctionSchema& schema = op.schema();
   const size_t num_args = schema.arguments().size();
-  TORCH_INTERNAL_ASSERT(stack->size() >= num_args);
-  const size_t first = stack->size() - num_args;
+  TORCH_INTERNAL_ASSERT(stack.size() >= num_args);
+  const size_t first = stack.size() - num_args;
 
   OpCall call;
   call.name = op_name(schema);
   call.depth = depth_;
   call.reads.reserve(num_args);
   for (size_t i = 0; i < num_args; ++i) {
-    const c10::IValue& v = (*stack)[first + i];
+    const c10::IValue& v = stack[first + i];
     const c10::Argument& a = schema.arguments()[i];
     auto add = [&](const at::Tensor& t, int element) {
       if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
@@ -256,37 +389,31 @@ void ReadTrace::on_call(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
       for (size_t e = 0; e < list.size(); ++e) {
         if (list[e].isTensor()) add(list[e].toTensor(), static_cast<int>(e));
       }
+    } else if (v.isObject()) {
+      add_object(call, v, static_cast<int>(i), a);
     }
   }
-  const bool hold = options_.hold_arguments && depth_ == 0;
-  std::vector<c10::IValue> held_inputs;
-  if (hold) {
-    held_inputs.reserve(num_args);
-    for (size_t i = first; i < stack->size(); ++i)
-      held_inputs.push_back(hold_as_captured((*stack)[i]));
+  if (options_.hold_arguments && depth_ == 0) {
+    progress.held_inputs.reserve(num_args);
+    for (size_t i = first; i < stack.size(); ++i)
+      progress.held_inputs.push_back(hold_as_captured(stack[i]));
   }
-  const size_t first_op = ops_.size();
+  progress.recorded = true;
+  progress.op_index = ops_.size();
   ops_.push_back(std::move(call));
+  ++depth_;
+}
 
-  {
-    struct DepthGuard {
-      int& depth;
-      explicit DepthGuard(int& d) : depth(d) { ++depth; }
-      ~DepthGuard() { --depth; }
-    } deeper(depth_);
-    if (options_.nested) {
-      op.redispatchBoxed(ks.remove(kTraceKey), stack);
-    } else {
-      c10::impl::ExcludeDispatchKeyGuard off(kTraceKey);
-      op.redispatchBoxed(ks.remove(kTraceKey), stack);
-    }
-  }
-
-  const size_t num_returns = schema.returns().size();
-  TORCH_INTERNAL_ASSERT(stack->size() >= num_returns);
+void ReadTrace::end_call(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                         CallInProgress& progress) {
+  --depth_;
+  if (!progress.recorded) return;
+  c10::impl::ExcludeDispatchKeyGuard off(kTraceKey);
+  const size_t num_returns = op.schema().returns().size();
+  TORCH_INTERNAL_ASSERT(stack.size() >= num_returns);
   std::vector<const c10::StorageImpl*> returned;
-  for (size_t i = stack->size() - num_returns; i < stack->size(); ++i) {
-    const c10::IValue& v = (*stack)[i];
+  for (size_t i = stack.size() - num_returns; i < stack.size(); ++i) {
+    const c10::IValue& v = stack[i];
     std::vector<at::Tensor> results;
     if (v.isTensor()) {
       results.push_back(v.toTensor());
@@ -295,14 +422,41 @@ void ReadTrace::on_call(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
     }
     for (const at::Tensor& t : results) {
       note_result(t);
-      if (t.defined() && t.has_storage()) returned.push_back(t.storage().unsafeGetStorageImpl());
+      if (has_plain_storage(t)) returned.push_back(t.storage().unsafeGetStorageImpl());
     }
   }
-  if (depth_ == 0 && !pending_.empty()) resolve_pending(first_op, returned);
-  if (hold) {
-    held_.push_back(HeldCall{op, std::move(held_inputs),
-                             std::vector<c10::IValue>(stack->end() - num_returns, stack->end())});
+  if (depth_ == 0 && !pending_.empty()) resolve_pending(progress.op_index, returned);
+  if (options_.hold_arguments && depth_ == 0) {
+    held_.push_back(HeldCall{op, std::move(progress.held_inputs),
+                             std::vector<c10::IValue>(stack.end() - num_returns, stack.end())});
   }
+}
+
+void ReadTrace::dispatch(ReadTrace* innermost, const c10::OperatorHandle& op,
+                         c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  // Every trace active on this thread records the call, innermost first.
+  c10::SmallVector<ReadTrace*, 4> chain;
+  for (ReadTrace* t = innermost; t != nullptr; t = t->previous_) {
+    if (t->active_) chain.push_back(t);
+  }
+  c10::SmallVector<CallInProgress, 4> progress(chain.size());
+  bool nested = false;
+  for (size_t k = 0; k < chain.size(); ++k) {
+    chain[k]->begin_call(op, *stack, progress[k]);
+    nested = nested || chain[k]->records_nested();
+  }
+  try {
+    if (nested) {
+      op.redispatchBoxed(ks.remove(kTraceKey), stack);
+    } else {
+      c10::impl::ExcludeDispatchKeyGuard off(kTraceKey);
+      op.redispatchBoxed(ks.remove(kTraceKey), stack);
+    }
+  } catch (...) {
+    for (ReadTrace* t : chain) --t->depth_;
+    throw;
+  }
+  for (size_t k = 0; k < chain.size(); ++k) chain[k]->end_call(op, *stack, progress[k]);
 }
 
 }  // namespace reloadsafe::trace

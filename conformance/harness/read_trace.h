@@ -40,6 +40,29 @@
 // that an op calls internally (a composite's decomposition, a custom op's
 // implementation) are recorded too, one level deeper.
 //
+// Tensor subclasses and kernel objects:
+//  - a tensor that dispatches in Python (a `__torch_dispatch__` wrapper
+//    subclass, as torchao and many quantizers hold a weight) has no storage
+//    of its own that a kernel reads: it is recorded as a read marked
+//    `subclass`, whose storage is never touched. A subclass that works
+//    through `__torch_function__` (torchao's) calls its ops on the inner
+//    tensors from Python, and the trace sees those reads at depth 0. Inside a
+//    `__torch_dispatch__`, PyTorch excludes every dispatch key above Python,
+//    this trace's key included, so the reads that dispatch makes on the inner
+//    tensors are not seen: the harness checks those inner tensors as
+//    declared tensors (the Python walker names them `weight.qdata`), and the
+//    capture holds the wrapper as it was for the replay;
+//  - a TorchBind object handed to an op (a packed weight such as fbgemm's
+//    LinearPackedParamsBase, a oneDNN handle) is an ObjectRead: its class and
+//    identity (the object and the C++ instance it holds). The tensors it
+//    reports (a registered ObjectTensors function for its class, else its
+//    `unpack()` method) are recorded as reads of that op too, when two
+//    calls report the same storages (a method that builds new tensors on
+//    every call reports nothing stable to check).
+//
+// A trace opened while another is active on the same thread records the
+// same calls as the outer one; neither misses any.
+//
 // What the trace cannot see:
 //  - kernels launched without the dispatcher: a raw Triton launch, a cuBLAS or
 //    custom CUDA kernel called directly from C++, a pointer handed to a
@@ -63,12 +86,15 @@
 //       if (r.external) ...;
 #pragma once
 
+#include "conformance/harness/memory_census.h"
+
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -90,6 +116,12 @@ struct TensorRead {
   bool written = false;     ///< the schema says the op writes it (in-place, out=)
   bool external = false;    ///< see the invariant at the top of this file
   bool has_storage = true;  ///< false for tensors without storage (sparse, nested)
+  /// A tensor that dispatches in Python (a `__torch_dispatch__` subclass):
+  /// no storage fields are read; has_storage is false.
+  bool subclass = false;
+  /// For a tensor an opaque object reported: that object's identity
+  /// (ObjectRead::identity); null for an argument of the op itself.
+  const void* object = nullptr;
   /// The storage's identity, for comparison only: never dereferenced.
   const void* storage = nullptr;
   const void* storage_data = nullptr;  ///< the storage's data pointer (null if empty)
@@ -107,6 +139,34 @@ struct TensorRead {
   std::string where(const std::string& op_name) const;
 };
 
+/// One opaque (TorchBind) object handed to an op.
+struct ObjectRead {
+  int arg = 0;
+  std::string arg_name;
+  /// "quantized.LinearPackedParamsBase" (TorchBind's namespace prefix cut).
+  std::string class_name;
+  /// The script object's identity, and of the C++ instance it holds (its
+  /// first slot's capsule): either changes when the object is replaced or
+  /// re-made in place. For comparison only: never dereferenced.
+  const void* identity = nullptr;
+  const void* payload = nullptr;
+
+  /// "aten::mm arg 1 (mat2)"-style position of this read, given its op.
+  std::string where(const std::string& op_name) const;
+  /// "quantized.LinearPackedParamsBase@0x..." (identity).
+  std::string describe() const;
+};
+
+/// The tensors an opaque object of one class holds, for the trace to check
+/// like any read. Must not run ops that matter (it runs with the trace off)
+/// and must return the same tensors on every call.
+using ObjectTensors = std::function<std::vector<at::Tensor>(const c10::IValue& object)>;
+
+/// Registers `fn` for objects whose class is `class_name` (the qualified
+/// name, e.g. "__torch__.torch.classes.quantized.LinearPackedParamsBase",
+/// or the short form ObjectRead::class_name gives). Thread-safe.
+void register_object_tensors(const std::string& class_name, ObjectTensors fn);
+
 /// `p` as reports print addresses ("0x7f3a..."; "0" for null).
 std::string to_hex(const void* p);
 
@@ -115,12 +175,14 @@ struct OpCall {
   std::string name;  ///< "aten::mm", with the overload: "aten::add.Tensor"
   int depth = 0;     ///< 0: called by the traced code; n: called inside a depth n-1 op
   std::vector<TensorRead> reads;
+  std::vector<ObjectRead> objects;  ///< opaque objects among the arguments
 };
 
 /// The boxed arguments and results of a depth-0 op, held as a capture holds
 /// them: every tensor kept alive; an external tensor as a new object on the
 /// same storage with the same layout (rebinding the caller's object later
-/// does not change what the capture reads), an internal one as itself.
+/// does not change what the capture reads), an internal one, a subclass
+/// tensor and an opaque object as themselves.
 struct HeldCall {
   c10::OperatorHandle op;
   std::vector<c10::IValue> inputs;
@@ -164,16 +226,29 @@ class ReadTrace {
   /// Whether the trace saw storage `storage` and, if so, whether external.
   std::optional<bool> classify(const c10::StorageImpl* storage) const;
 
-  /// Called by the dispatcher fallback; not for users.
-  void on_call(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);
+  /// Called by the dispatcher fallback for `tls_innermost`; not for users.
+  static void dispatch(ReadTrace* innermost, const c10::OperatorHandle& op, c10::DispatchKeySet ks,
+                       torch::jit::Stack* stack);
 
  private:
+  struct CallInProgress {
+    bool recorded = false;
+    size_t op_index = 0;
+    std::vector<c10::IValue> held_inputs;
+  };
+  void begin_call(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                  CallInProgress& call);
+  void end_call(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                CallInProgress& call);
+  bool records_nested() const { return options_.nested; }
+  void add_object(OpCall& call, const c10::IValue& v, int arg, const c10::Argument& schema_arg);
   TensorRead read_of(const at::Tensor& t, int arg, int element, const c10::Argument& schema_arg);
   void note_result(const at::Tensor& t);
   c10::IValue hold_as_captured(const c10::IValue& v) const;
   bool existed_before(const TensorRead& r) const;
   void resolve_pending(size_t first_op, const std::vector<const c10::StorageImpl*>& returned);
 
+  harness::CpuCensusScope census_;  // see Note [Inside or before the scope]
   Options options_;
   bool active_ = false;
   int depth_ = 0;
@@ -193,6 +268,8 @@ class ReadTrace {
   // [Inside or before the scope] in read_trace.cc.
   std::vector<const c10::StorageImpl*> pending_;
   uint64_t start_epoch_ = 0;
+  // Opaque objects seen, kept alive so that no identity is reused.
+  std::vector<c10::IValue> objects_seen_;
 };
 
 }  // namespace reloadsafe::trace

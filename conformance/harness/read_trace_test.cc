@@ -6,6 +6,7 @@
 #include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <gtest/gtest.h>
+#include <torch/custom_class.h>
 #include <torch/library.h>
 
 #include <set>
@@ -142,6 +143,97 @@ TEST(ReadTrace, SeesCustomOpsAndTheTensorsTheirKernelsHold) {
   EXPECT_EQ(trace.ops()[0].name, "reloadsafe_trace_test::scale_by_held");
   EXPECT_EQ(external_storages(trace),
             (std::set<const void*>{storage_of(x), storage_of(held_scale())}));
+}
+
+// A packed kernel object as TorchBind sees one (fbgemm's packed weights are
+// such objects): it holds a weight, reports it through unpack(), and an op
+// takes the object as an argument.
+struct PackedWeight : torch::CustomClassHolder {
+  explicit PackedWeight(at::Tensor w) : weight(std::move(w)) {}
+  at::Tensor weight;
+  bool stable = true;  // false: unpack() makes a new tensor every call
+};
+
+TORCH_LIBRARY(reloadsafe_object_test, m) {
+  m.class_<PackedWeight>("PackedWeight")
+      .def("unpack", [](const c10::intrusive_ptr<PackedWeight>& self) {
+        return self->stable ? self->weight : self->weight.clone();
+      });
+  m.def(
+      "packed_mm(Tensor x, __torch__.torch.classes.reloadsafe_object_test.PackedWeight w) -> "
+      "Tensor",
+      [](const at::Tensor& x, const c10::intrusive_ptr<PackedWeight>& w) {
+        return at::mm(x, w->weight.t());
+      });
+}
+
+at::Tensor call_packed_mm(const at::Tensor& x, const c10::IValue& object) {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("reloadsafe_object_test::packed_mm", "");
+  torch::jit::Stack stack{x, object};
+  op.callBoxed(stack);
+  return stack.back().toTensor();
+}
+
+TEST(ReadTrace, RecordsOpaqueObjectsAndTheTensorsTheyReport) {
+  const at::Tensor x = at::randn({4, 8});
+  auto packed = c10::make_intrusive<PackedWeight>(at::randn({16, 8}));
+  const c10::IValue object(packed);
+  ReadTrace trace;
+  call_packed_mm(x, object);
+  trace.stop();
+  ASSERT_FALSE(trace.ops().empty());
+  const OpCall& op = trace.ops()[0];
+  EXPECT_EQ(op.name, "reloadsafe_object_test::packed_mm");
+  ASSERT_EQ(op.objects.size(), 1u);
+  EXPECT_EQ(op.objects[0].class_name, "reloadsafe_object_test.PackedWeight");
+  EXPECT_EQ(op.objects[0].identity, &object.toObjectRef());
+  EXPECT_NE(op.objects[0].payload, nullptr);
+  EXPECT_EQ(op.objects[0].where(op.name), "reloadsafe_object_test::packed_mm arg 1 (w)");
+  std::vector<TensorRead> reported;
+  for (const TensorRead& r : op.reads) {
+    if (r.object != nullptr) reported.push_back(r);
+  }
+  ASSERT_EQ(reported.size(), 1u) << "the weight unpack() reports is a read of the op";
+  EXPECT_EQ(reported[0].object, &object.toObjectRef());
+  EXPECT_EQ(reported[0].storage, storage_of(packed->weight));
+  EXPECT_TRUE(reported[0].external);
+  EXPECT_EQ(reported[0].arg_name, "w.unpack()[0]");
+  for (const OpCall& o : trace.ops()) {
+    EXPECT_NE(o.name, "aten::clone") << "asking the object for its tensors records no op";
+  }
+}
+
+TEST(ReadTrace, AnObjectWhoseTensorsChangeOnEveryCallReportsNone) {
+  auto packed = c10::make_intrusive<PackedWeight>(at::randn({16, 8}));
+  packed->stable = false;
+  const c10::IValue object(packed);
+  const at::Tensor x = at::randn({4, 8});
+  ReadTrace trace;
+  call_packed_mm(x, object);
+  trace.stop();
+  ASSERT_FALSE(trace.ops().empty());
+  ASSERT_EQ(trace.ops()[0].name, "reloadsafe_object_test::packed_mm");
+  EXPECT_EQ(trace.ops()[0].objects.size(), 1u) << "the object itself is still a read";
+  for (const TensorRead& r : trace.ops()[0].reads) EXPECT_EQ(r.object, nullptr);
+}
+
+TEST(ReadTrace, ATraceOpenedInsideAnotherLeavesTheOuterOneRecording) {
+  const at::Tensor a = at::randn({4, 4});
+  ReadTrace outer(ReadTrace::Options{/*nested=*/false, /*hold_arguments=*/false});
+  at::relu(a);
+  {
+    ReadTrace inner;
+    at::mm(a, a);
+    inner.stop();
+    EXPECT_EQ(reads_of(inner, "aten::mm").size(), 2u);
+    EXPECT_TRUE(reads_of(inner, "aten::relu").empty());
+  }
+  at::neg(a);
+  outer.stop();
+  std::vector<std::string> names;
+  for (const auto& op : outer.ops()) names.push_back(op.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"aten::relu", "aten::mm", "aten::neg"}));
 }
 
 TEST(ReadTrace, SeesTensorListsAndSkipsWrappedNumbers) {

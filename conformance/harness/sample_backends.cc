@@ -252,8 +252,52 @@ class ReallocDerivedControl : public MlaDerived {
   std::string expected_violation() const override { return "W_UK"; }
 };
 
+// A convolution (CPU: oneDNN, which allocates and frees its own scratch
+// through the CPU allocator) with a weight loaded in place.
+class Conv2dInPlace : public Backend {
+ public:
+  std::string name() const override { return "conv2d_in_place"; }
+  std::string description() const override {
+    return "[8,4,3,3] conv weight and bias loaded in place, forward at::conv2d";
+  }
+  std::shared_ptr<Layer> create_layer(const c10::Device& device) const override {
+    return layer_with(device, {{"weight", {8, 4, 3, 3}, at::kFloat}, {"bias", {8}, at::kFloat}});
+  }
+  void process_weights_after_loading(Layer&) const override {}
+  at::Tensor forward(const Layer& layer, const at::Tensor& x) const override {
+    return at::conv2d(x, layer.get("weight"), layer.get("bias"), /*stride=*/1, /*padding=*/1);
+  }
+  std::vector<int64_t> input_shape() const override { return {2, 4, 8, 8}; }
+};
+
+// Marlin-style workspace: allocated by the first forward and reused ever
+// after. A graph is captured after warm-up, so the workspace is part of the
+// capture and never moves: a correct layer.
+class FirstForwardWorkspace : public Backend {
+ public:
+  std::string name() const override { return "first_forward_workspace"; }
+  std::string description() const override {
+    return "workspace allocated by the first forward, kept across reloads";
+  }
+  std::shared_ptr<Layer> create_layer(const c10::Device& device) const override {
+    return layer_with(device, {{"weight", {16, 64}, at::kFloat}});
+  }
+  void process_weights_after_loading(Layer&) const override {}
+  at::Tensor forward(const Layer& layer, const at::Tensor& x) const override {
+    auto& self = const_cast<Layer&>(layer);  // a kernel's lazily made state
+    if (!self.has("workspace")) self.set_attribute("workspace", at::zeros({8, 16}, x.options()));
+    at::Tensor ws = self.get("workspace");
+    at::mm_out(ws, x, layer.get("weight").t());
+    return ws.clone();
+  }
+  std::vector<std::string> derived_names() const override { return {"workspace"}; }
+  std::vector<int64_t> input_shape() const override { return {8, 64}; }
+};
+
 }  // namespace
 
+RELOADSAFE_REGISTER_BACKEND(Conv2dInPlace);
+RELOADSAFE_REGISTER_BACKEND(FirstForwardWorkspace);
 RELOADSAFE_REGISTER_BACKEND(MarlinRepack);
 RELOADSAFE_REGISTER_BACKEND(RocmRowPadding);
 RELOADSAFE_REGISTER_BACKEND(TransposedWeight);

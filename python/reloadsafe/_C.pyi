@@ -31,6 +31,8 @@ class TensorRead:
     written: bool
     external: bool
     has_storage: bool
+    subclass: bool
+    object: int
     storage: int
     storage_data: int
     storage_nbytes: int
@@ -42,10 +44,18 @@ class TensorRead:
     device: torch.device
     layout: str
 
+class ObjectRead:
+    arg: int
+    arg_name: str
+    class_name: str
+    identity: int
+    payload: int
+
 class OpCall:
     name: str
     depth: int
     reads: List[TensorRead]
+    objects: List[ObjectRead]
 
 class ReadTrace:
     def __init__(self, nested: bool = ...) -> None: ...
@@ -63,6 +73,12 @@ class NamedTensor:
     tensor: torch.Tensor
     declared: bool
 
+class NamedObject:
+    def __init__(self, name: str, obj: object) -> None: ...
+    name: str
+    identity: int
+
+def object_identity(obj: object) -> int: ...
 class RunOptions:
     reloads: int
     device: torch.device
@@ -111,6 +127,7 @@ class ReloadSubject:
     def __init__(self) -> None: ...
     def description(self) -> str: ...
     def release(self) -> None: ...
+    def named_objects(self) -> List[NamedObject]: ...
     def modes(self) -> List[ReloadMode]: ...
     def negative_control(self) -> bool: ...
     def expected_violation(self) -> str: ...

@@ -8,7 +8,9 @@
 #include "conformance/harness/harness.h"
 #include "conformance/harness/protocol.h"
 
+#include <ATen/core/ivalue.h>
 #include <pybind11/stl.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <string>
@@ -22,6 +24,7 @@ namespace {
 using harness::BackendReport;
 using harness::Checkpoint;
 using harness::ModeReport;
+using harness::NamedObject;
 using harness::NamedTensor;
 using harness::ReloadMode;
 using harness::ReloadSubject;
@@ -58,6 +61,9 @@ class PySubject : public ReloadSubject {
   std::vector<NamedTensor> named_tensors() override {
     PYBIND11_OVERRIDE_PURE(std::vector<NamedTensor>, ReloadSubject, named_tensors);
   }
+  std::vector<NamedObject> named_objects() override {
+    PYBIND11_OVERRIDE(std::vector<NamedObject>, ReloadSubject, named_objects);
+  }
   at::Tensor make_input(uint64_t seed) override {
     PYBIND11_OVERRIDE_PURE(at::Tensor, ReloadSubject, make_input, seed);
   }
@@ -75,6 +81,27 @@ class PySubject : public ReloadSubject {
     PYBIND11_OVERRIDE(int64_t, ReloadSubject, memory_tolerance_bytes);
   }
 };
+
+// The identity the read trace gives a TorchBind object (its ivalue::Object).
+// Reached through an op so that torch's own argument conversion turns the
+// Python ScriptObject into the IValue an op receives.
+int64_t object_identity(const c10::IValue& object) {
+  TORCH_CHECK(object.isObject(), "reloadsafe: object_identity takes a TorchBind script object (",
+              "torch.ScriptObject), got ", object.tagKind());
+  return static_cast<int64_t>(reinterpret_cast<intptr_t>(&object.toObjectRef()));
+}
+
+TORCH_LIBRARY(reloadsafe, m) {
+  m.def("object_identity(Any obj) -> int", &object_identity);
+}
+
+int64_t identity_of(const py::object& obj) {
+  return py::module_::import("torch")
+      .attr("ops")
+      .attr("reloadsafe")
+      .attr("object_identity")(obj)
+      .cast<int64_t>();
+}
 
 // A violation found outside the protocol (the CUDA-graph replay in Python),
 // added to the mode it belongs to and counted like the protocol's own.
@@ -108,6 +135,19 @@ void bind_protocol(py::module_& m) {
       .def_readonly("name", &NamedTensor::name)
       .def_readonly("tensor", &NamedTensor::tensor)
       .def_readonly("declared", &NamedTensor::declared);
+
+  py::class_<NamedObject>(m, "NamedObject")
+      .def(py::init([](std::string name, const py::object& obj) {
+             return NamedObject{std::move(name),
+                                reinterpret_cast<const void*>(identity_of(obj))};
+           }),
+           py::arg("name"), py::arg("obj"))
+      .def_readonly("name", &NamedObject::name)
+      .def_property_readonly("identity", [](const NamedObject& o) {
+        return reinterpret_cast<uintptr_t>(o.identity);
+      });
+  m.def("object_identity", &identity_of, py::arg("obj"),
+        "The identity the read trace gives a TorchBind object (ObjectRead.identity).");
 
   py::class_<RunOptions>(m, "RunOptions")
       .def(py::init<>())
@@ -156,6 +196,7 @@ void bind_protocol(py::module_& m) {
       .def(py::init<>())
       .def("description", &ReloadSubject::description)
       .def("release", &ReloadSubject::release)
+      .def("named_objects", &ReloadSubject::named_objects)
       .def("modes", &ReloadSubject::modes)
       .def("negative_control", &ReloadSubject::negative_control)
       .def("expected_violation", &ReloadSubject::expected_violation)

@@ -14,6 +14,7 @@ namespace py = pybind11;
 namespace reloadsafe::python {
 namespace {
 
+using trace::ObjectRead;
 using trace::OpCall;
 using trace::ReadTrace;
 using trace::TensorRead;
@@ -45,6 +46,8 @@ void bind_trace(py::module_& m) {
       .def_readonly("written", &TensorRead::written)
       .def_readonly("external", &TensorRead::external)
       .def_readonly("has_storage", &TensorRead::has_storage)
+      .def_readonly("subclass", &TensorRead::subclass)
+      .def_property_readonly("object", [](const TensorRead& r) { return address(r.object); })
       .def_property_readonly("storage", [](const TensorRead& r) { return address(r.storage); })
       .def_property_readonly("storage_data",
                              [](const TensorRead& r) { return address(r.storage_data); })
@@ -57,10 +60,18 @@ void bind_trace(py::module_& m) {
       .def_readonly("device", &TensorRead::device)
       .def_property_readonly("layout", &TensorRead::layout);
 
+  py::class_<ObjectRead>(m, "ObjectRead")
+      .def_readonly("arg", &ObjectRead::arg)
+      .def_readonly("arg_name", &ObjectRead::arg_name)
+      .def_readonly("class_name", &ObjectRead::class_name)
+      .def_property_readonly("identity", [](const ObjectRead& o) { return address(o.identity); })
+      .def_property_readonly("payload", [](const ObjectRead& o) { return address(o.payload); });
+
   py::class_<OpCall>(m, "OpCall")
       .def_readonly("name", &OpCall::name)
       .def_readonly("depth", &OpCall::depth)
-      .def_readonly("reads", &OpCall::reads);
+      .def_readonly("reads", &OpCall::reads)
+      .def_readonly("objects", &OpCall::objects);
 
   py::class_<PyReadTrace>(m, "ReadTrace")
       .def(py::init<bool>(), py::arg("nested") = true)

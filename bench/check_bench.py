@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""What ``check_reload`` costs, against the layer's own work.
+
+A backend author's suite calls ``check_reload`` for many layers, so one call
+must cost little more than the loads, post-processings and forwards the
+protocol makes anyway. On the FP8-style linear layer of README's example
+(a bf16 checkpoint weight quantized to float8_e4m3fn into its own storage,
+with a per-row scale refilled in place), at N x N for each size:
+
+  BM_CheckReload/fp8_linear/traced/bytes:B/process_time    check_reload(..., reloads=10), both modes
+  BM_CheckReload/fp8_linear/untraced/bytes:B/process_time  the same with trace=False
+  BM_OwnWork/fp8_linear/bytes:B/process_time               20 x (new layer + load + post-processing
+                                                        + forward): the work of as many reloads
+
+B is the checkpoint's bytes (2 N^2, bf16). Everything runs on one thread and
+is judged by process CPU time (the JSON's cpu_time; real_time is the wall
+clock), which other processes on a shared machine do not inflate: the
+/process_time names tell bench/compare.py so. Targets (ratios within the run,
+of medians over repetitions): check_reload traced <= 3 x its own work at
+1024 x 1024, <= 2 x at 4096 x 4096.
+
+It speaks enough of Google Benchmark's command line and JSON for
+bench/compare.py (which runs it as it runs the C++ binaries: one repetition
+per process, shuffled order) and bench/compare.py's targets:
+
+  --benchmark_repetitions=N  --benchmark_enable_random_interleaving=true|false
+  --benchmark_filter=REGEX   --benchmark_min_time=SECONDS (per benchmark, default 0.5:
+                             a benchmark is repeated until it has used that much CPU time)
+  --benchmark_out=FILE --benchmark_out_format=json   --benchmark_display_aggregates_only=...
+  --reloadsafe_targets_out=FILE                      the targets as JSON
+  --reloadsafe_sizes=1024,4096                       the layer sizes N
+  --reloadsafe_context_binary=PATH                   prints the machine context (the
+                                                     launcher passes //bench:machine_context)
+
+Run through its Bazel launcher, which puts the package (//python:package) on
+the path and uses the set-up's Python:
+
+  bazel build -c opt //bench:check_bench && bazel-bin/bench/check_bench
+  bench/compare.py check_bench
+"""
+import argparse
+import datetime
+import json
+import os
+import random
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+import reloadsafe
+
+RELOADS = 10  # check_reload's default; per mode
+UNITS = 2 * RELOADS  # own-work units: one per reload of both modes
+TARGETS = {1024: 3.0, 4096: 2.0}  # check_reload traced / own work, by N
+
+
+class Fp8Linear(torch.nn.Module):
+    """README's example layer, at any size."""
+
+    def __init__(self, out_features=32, in_features=64):
+        super().__init__()
+        self.weight = torch.nn.Parameter(
+            torch.empty(out_features, in_features, dtype=torch.bfloat16), requires_grad=False)
+        self.register_buffer("weight_scale", torch.ones(out_features, 1))
+
+    def process_weights_after_loading(self):
+        w = self.weight.float()
+        scale = w.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 448.0
+        fp8 = (w / scale).to(torch.float8_e4m3fn)
+        self.weight.data = reloadsafe.in_own_storage(
+            self.weight.detach(), fp8, whole_storage=reloadsafe.direct_reload_enabled())
+        self.weight_scale.copy_(scale)
+
+    def forward(self, x):
+        w = self.weight.to(torch.float32) * self.weight_scale
+        return torch.mm(x, w.t())
+
+
+def factory(n):
+    def make():
+        return Fp8Linear(n, n)
+    make.__name__ = f"Fp8Linear{n}"
+    return make
+
+
+def example_input(n):
+    return torch.randn(8, n, generator=torch.Generator().manual_seed(3))
+
+
+def check(n, trace):
+    """One check_reload; an error unless it passes."""
+    report = reloadsafe.check_reload(factory(n), example_input(n), reloads=RELOADS, trace=trace)
+    if not report.ok:
+        raise RuntimeError("check_reload did not pass:\n" + report.table())
+
+
+def own_work(n, ckpt, x, units=UNITS):
+    """`units` x (new layer + load + post-processing + forward), the steps
+    check_reload's defaults run."""
+    with torch.no_grad():
+        for _ in range(units):
+            layer = Fp8Linear(n, n)
+            reloadsafe.load_checkpoint(layer, ckpt)
+            layer.process_weights_after_loading()
+            layer(x)
+
+
+def timed(fn, min_time):
+    """(iterations, real seconds per iteration, CPU seconds per iteration):
+    `fn` repeated until it has used min_time CPU seconds (at least once)."""
+    iterations, real, cpu = 0, 0.0, 0.0
+    while iterations == 0 or cpu < min_time:
+        r0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        real += time.perf_counter() - r0
+        cpu += time.process_time() - c0
+        iterations += 1
+    return iterations, real / iterations, cpu / iterations
+
+
+def benchmarks(sizes):
+    """[(name, function)] for every size."""
+    out = []
+    for n in sizes:
+        b = 2 * n * n
+        ckpt = {"weight": torch.randn(n, n, generator=torch.Generator().manual_seed(1)).bfloat16()}
+        x = example_input(n)
+        out += [
+            (f"BM_CheckReload/fp8_linear/traced/bytes:{b}/process_time", lambda n=n: check(n, True)),
+            (f"BM_CheckReload/fp8_linear/untraced/bytes:{b}/process_time",
+             lambda n=n: check(n, False)),
+            (f"BM_OwnWork/fp8_linear/bytes:{b}/process_time",
+             lambda n=n, ckpt=ckpt, x=x: own_work(n, ckpt, x)),
+        ]
+    return out
+
+
+def warm_up(sizes):
+    """What a process pays once, outside the timed runs (as the C++
+    binaries calibrate dense_copy_ before any benchmark): dense_copy_'s
+    crossover, the allocation census, first calls of the ops."""
+    for n in sizes:
+        ckpt = {"weight": torch.zeros(n, n, dtype=torch.bfloat16)}
+        own_work(n, ckpt, example_input(n), units=1)
+    n = min(sizes)
+    reloadsafe.check_reload(factory(n), example_input(n), reloads=1, modes=("normal",))
+
+
+def machine_context(binary):
+    """The C++ binaries' machine context (bench/machine_context.h), from the
+    helper binary, with this process's own thread count."""
+    context = {}
+    if binary:
+        context = json.loads(subprocess.run([binary], check=True, capture_output=True,
+                                            text=True).stdout)
+    context["torch_threads"] = str(torch.get_num_threads())
+    return context
+
+
+def target_rows(medians, sizes):
+    rows = []
+    for n in sizes:
+        if n not in TARGETS:
+            continue
+        b = 2 * n * n
+        check_t = medians.get(f"BM_CheckReload/fp8_linear/traced/bytes:{b}/process_time")
+        own = medians.get(f"BM_OwnWork/fp8_linear/bytes:{b}/process_time")
+        if check_t is None or own is None:
+            continue
+        value = check_t / own
+        rows.append({"description": f"check_reload traced / 20 x own work ({n} x {n})",
+                     "bytes": b, "value": value, "bound": TARGETS[n], "comparison": "<=",
+                     "unit": "ratio", "met": value <= TARGETS[n],
+                     "benchmark": f"BM_CheckReload/fp8_linear/traced/bytes:{b}/process_time"})
+    return rows
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--benchmark_repetitions", type=int, default=1)
+    p.add_argument("--benchmark_enable_random_interleaving", default="false")
+    p.add_argument("--benchmark_display_aggregates_only", default="false")
+    p.add_argument("--benchmark_filter", default="")
+    p.add_argument("--benchmark_min_time", type=float, default=0.5)
+    p.add_argument("--benchmark_out")
+    p.add_argument("--benchmark_out_format", default="json", choices=["json"])
+    p.add_argument("--reloadsafe_targets_out")
+    p.add_argument("--reloadsafe_sizes", default="1024,4096")
+    p.add_argument("--reloadsafe_context_binary")
+    p.add_argument("--reloadsafe_executable", default="check_bench", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse(sys.argv[1:] if argv is None else argv)
+    sizes = [int(s) for s in args.reloadsafe_sizes.split(",") if s]
+    torch.set_num_threads(1)  # both sides of every ratio on one thread: steadier on a shared machine
+    context = machine_context(args.reloadsafe_context_binary)
+    context.update({
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "host_name": socket.gethostname(),
+        "executable": args.reloadsafe_executable,
+        "num_cpus": os.cpu_count(),
+        "load_avg": list(os.getloadavg()),
+        "check_bench_reloads_per_mode": str(RELOADS),
+        "check_bench_python": sys.version.split()[0],
+        "torch_version": torch.__version__,
+        "reloadsafe_references": ";".join(
+            f"BM_CheckReload/fp8_linear/{m}/=BM_OwnWork/fp8_linear/" for m in ("traced", "untraced")),
+    })
+    selected = [(name, fn) for name, fn in benchmarks(sizes)
+                if not args.benchmark_filter or re.search(args.benchmark_filter, name)]
+    warm_up(sizes)
+    runs = [(name, fn, rep) for rep in range(args.benchmark_repetitions) for name, fn in selected]
+    if args.benchmark_enable_random_interleaving.lower() in ("true", "1", "yes"):
+        random.shuffle(runs)
+    results = []
+    for name, fn, rep in runs:
+        entry = {"name": name, "run_name": name, "run_type": "iteration",
+                 "repetitions": args.benchmark_repetitions, "repetition_index": rep, "threads": 1,
+                 "time_unit": "ms"}
+        try:
+            iterations, real, cpu = timed(fn, args.benchmark_min_time)
+            entry.update(iterations=iterations, real_time=real * 1e3, cpu_time=cpu * 1e3)
+            print(f"{name:<62} {real * 1e3:10.1f} ms real {cpu * 1e3:10.1f} ms CPU "
+                  f"{iterations:4d}", flush=True)
+        except Exception as e:  # a failed check is the benchmark's error, as SkipWithError
+            entry.update(iterations=0, real_time=0.0, cpu_time=0.0, error_occurred=True,
+                         error_message=f"{type(e).__name__}: {e}")
+            print(f"{name:<60} ERROR: {entry['error_message']}", flush=True)
+        results.append(entry)
+
+    medians = {}
+    for name, _ in selected:
+        times = [r["cpu_time"] for r in results if r["name"] == name and not r.get("error_occurred")]
+        if times:
+            medians[name] = statistics.median(times)
+    basis = (f"CPU time, medians of {args.benchmark_repetitions} repetitions, this run"
+             if args.benchmark_repetitions > 1 else "CPU time, one run of each benchmark")
+    targets = target_rows(medians, sizes)
+    print(f"\nRatios ({basis}):")
+    for n in sizes:
+        b = 2 * n * n
+        own = medians.get(f"BM_OwnWork/fp8_linear/bytes:{b}/process_time")
+        for mode in ("traced", "untraced"):
+            t = medians.get(f"BM_CheckReload/fp8_linear/{mode}/bytes:{b}/process_time")
+            if own and t:
+                print(f"  check_reload {mode:<8} / 20 x own work, {n} x {n}: {t / own:.2f}")
+    print(f"\nTargets ({basis}):")
+    for t in targets:
+        print(f"  {'met' if t['met'] else 'MISSED':<7} {t['value']:10.2f}  <= {t['bound']:.2f}  "
+              f"{t['description']}")
+    print(f"  {sum(t['met'] for t in targets)} of {len(targets)} met")
+
+    if args.benchmark_out:
+        with open(args.benchmark_out, "w") as f:
+            json.dump({"context": context, "benchmarks": results}, f, indent=1)
+    if args.reloadsafe_targets_out:
+        with open(args.reloadsafe_targets_out, "w") as f:
+            json.dump({"basis": basis, "targets": targets}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""What check_reload does to stay cheap, and that it keeps its checks:
+checkpoints drawn from pools (every element changes from seed to seed, never
+all by one factor), and collections that traverse only what the check made
+(a reference cycle a reload leaves is still collected before the census)."""
+import gc
+
+import pytest
+import torch
+
+import reloadsafe
+from reloadsafe import CheckpointDrawer, check_reload, draw_checkpoint
+
+LAYOUTS = {
+    "w": ((64, 48), torch.bfloat16),
+    "f32": ((7, 5), torch.float32),
+    "fp8": ((16, 16), torch.float8_e4m3fn),
+    "i8": ((300,), torch.int8),
+    "u8": ((300,), torch.uint8),
+    "i64": ((300,), torch.int64),
+    "b": ((300,), torch.bool),
+    "c": ((9,), torch.complex64),
+    "scalar": ((), torch.float32),
+}
+
+
+def _as_float(t):
+    return t.float() if t.dtype == torch.float8_e4m3fn else t
+
+
+def test_checkpoints_keep_layouts_and_are_fresh_tensors():
+    draw = CheckpointDrawer(LAYOUTS)
+    a, b = draw(1), draw(2)
+    for name, (shape, dtype) in LAYOUTS.items():
+        for ckpt in (a, b):
+            t = ckpt[name]
+            assert tuple(t.shape) == shape and t.dtype == dtype and t.is_contiguous(), name
+        # No two checkpoints (and no checkpoint and the pool) share memory.
+        assert a[name].untyped_storage().data_ptr() != b[name].untyped_storage().data_ptr()
+    a["f32"].fill_(0)  # writing into one checkpoint changes no other
+    assert not torch.equal(draw(1)["f32"], a["f32"])
+
+
+def test_the_same_seed_gives_the_same_values_and_draw_checkpoint_agrees():
+    draw = CheckpointDrawer(LAYOUTS)
+    for seed in (0, 1, 1000004, 2**40 + 3):
+        one, two, three = draw(seed), draw(seed), draw_checkpoint(LAYOUTS, seed)
+        for name in LAYOUTS:
+            assert torch.equal(_as_float(one[name]), _as_float(two[name])), (name, seed)
+            assert torch.equal(_as_float(one[name]), _as_float(three[name])), (name, seed)
+
+
+@pytest.mark.parametrize("name", ["w", "f32", "fp8", "i8", "u8", "i64", "c"])
+def test_seeds_change_nearly_every_element(name):
+    draw = CheckpointDrawer(LAYOUTS)
+    seeds = [1 + 1000003 * r for r in range(12)]
+    values = [_as_float(draw(s)[name]) for s in seeds]
+    for i in range(len(values)):
+        for j in range(i):
+            same = (values[i] == values[j]).float().mean().item()
+            # Integers over a small range coincide by chance (1 in 128 or 256).
+            assert same < 0.05, (name, seeds[i], seeds[j], same)
+
+
+def test_bools_change_about_half_their_elements():
+    draw = CheckpointDrawer(LAYOUTS)
+    a, b = draw(1)["b"], draw(1000004)["b"]
+    assert 0.3 < (a != b).float().mean().item() < 0.7
+
+
+@pytest.mark.parametrize("name", ["w", "f32", "c"])
+def test_no_checkpoint_is_a_multiple_of_another(name):
+    # A multiple quantizes to the same bytes: a stale quantized weight would
+    # then compute the right output.
+    draw = CheckpointDrawer(LAYOUTS)
+    a, b = draw(1)[name].to(torch.complex128), draw(1000004)[name].to(torch.complex128)
+    ratio = b / a
+    assert (ratio - ratio.flatten()[0]).abs().max().item() > 0.1
+
+
+def test_values_look_drawn_from_their_distribution():
+    draw = CheckpointDrawer({"w": ((256, 256), torch.float32), "i": ((4096,), torch.int8)})
+    w = draw(5)["w"]
+    # A standard normal times a scale in [0.5, 2).
+    assert abs(w.mean().item()) < 0.05 and 0.45 < w.std().item() < 2.1
+    i = draw(5)["i"]
+    assert i.min().item() >= -128 and i.max().item() <= 127 and len(torch.unique(i)) > 200
+
+
+def test_empty_layouts():
+    ckpt = CheckpointDrawer({"e": ((0, 4), torch.float32)})(3)
+    assert tuple(ckpt["e"].shape) == (0, 4)
+
+
+class _CycleEachReload(torch.nn.Module):
+    """Keeps the weight's address, but every post-processing leaves a
+    reference cycle that holds a new storage: garbage only a collection
+    frees."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(64, 64), requires_grad=False)
+
+    def process_weights_after_loading(self):
+        junk = {"storage": self.weight.detach() * 2}
+        junk["self"] = junk  # a cycle: freed by the collector, not by reference counts
+
+    def forward(self, x):
+        return torch.mm(x, self.weight.t())
+
+
+def test_a_cycle_a_reload_leaves_is_collected_before_the_census():
+    report = check_reload(_CycleEachReload, torch.randn(4, 64), reloads=4)
+    assert report.ok, report.table()
+    for mode in reloadsafe.MODES:
+        memory = report.modes[mode]["memory_bytes"]
+        assert memory[1] == memory[-1], memory
+
+
+def test_the_callers_gc_state_is_left_as_it_was():
+    assert gc.get_freeze_count() == 0
+    check_reload(_CycleEachReload, torch.randn(4, 64), reloads=1)
+    assert gc.get_freeze_count() == 0
+    # A caller that froze objects keeps its freeze (and the check still works).
+    keep = [[] for _ in range(10)]
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        assert check_reload(_CycleEachReload, torch.randn(4, 64), reloads=1).ok
+        assert gc.get_freeze_count() >= frozen
+    finally:
+        gc.unfreeze()
+    del keep
