@@ -102,8 +102,9 @@ install_venv() {
 # installed: bitsandbytes falls back to its own CPU code and says so.
 QUANT_PACKAGES=(torchao==0.18.0 bitsandbytes==0.50.2)
 
+# Both take the environment as an optional argument (default: $VENV).
 quant_libraries_ready() {
-  "$VENV/bin/python" - "${QUANT_PACKAGES[@]}" <<'PY' 2>/dev/null
+  "${1:-$VENV}/bin/python" - "${QUANT_PACKAGES[@]}" <<'PY' 2>/dev/null
 import importlib.metadata as m, sys
 for spec in sys.argv[1:]:
     name, version = spec.split("==")
@@ -115,13 +116,14 @@ PY
 }
 
 install_quant_libraries() {
-  if quant_libraries_ready; then
-    say "quantization libraries: ${QUANT_PACKAGES[*]} present"
+  local venv="${1:-$VENV}"
+  if quant_libraries_ready "$venv"; then
+    say "quantization libraries: ${QUANT_PACKAGES[*]} present in $venv"
     return
   fi
-  say "quantization libraries: installing ${QUANT_PACKAGES[*]} (--no-deps, for python/tests/real)"
-  "$VENV/bin/python" -m pip install -q --progress-bar on --no-deps "${QUANT_PACKAGES[@]}"
-  quant_libraries_ready || die "the Python environment in $VENV lacks ${QUANT_PACKAGES[*]} (or numpy, packaging) after installing"
+  say "quantization libraries: installing ${QUANT_PACKAGES[*]} into $venv (--no-deps, for python/tests/real)"
+  "$venv/bin/python" -m pip install -q --progress-bar on --no-deps "${QUANT_PACKAGES[@]}"
+  quant_libraries_ready "$venv" || die "the Python environment in $venv lacks ${QUANT_PACKAGES[*]} (or numpy, packaging) after installing"
 }
 
 # Earlier set-ups unpacked a separate LibTorch and CUDA runtime into the
@@ -159,7 +161,9 @@ install_python_packages() {
 # of the supported torch range (third_party/libtorch/libtorch.bzl): the default
 # torch above, in $VENV, and the newest, in $VENV_NEWEST (Bazel's
 # --config=torch$NEWEST_TORCH_SERIES reads it). Both environments also get
-# pytest-xdist, so the Python tests show `pytest -n` working.
+# pytest-xdist, so the Python tests show `pytest -n` working, and the
+# quantization libraries (install_quant_libraries), so python/tests/real runs
+# against both torches.
 NEWEST_TORCH_VERSION=2.15.0
 NEWEST_TORCH_SERIES="${NEWEST_TORCH_VERSION%.*}"
 VENV_NEWEST="$CACHE/venv-torch$NEWEST_TORCH_SERIES"
@@ -222,6 +226,7 @@ install_venv
 install_quant_libraries
 install_test_extras
 install_torch_venv "$VENV_NEWEST" "$NEWEST_TORCH_VERSION"
+install_quant_libraries "$VENV_NEWEST"
 note_old_cache
 check_libtorch_override
 install_python_packages
