@@ -36,6 +36,8 @@ installing clang does not change, so a cached stub would outlive the install.)
   )
 """
 
+load("@libtorch//:version.bzl", "LIBTORCH_COPTS")
+
 FuzzObjectsInfo = provider(
     doc = "Objects compiled for libFuzzer, and the headers that declare them.",
     fields = {
@@ -52,8 +54,8 @@ _SANITIZERS = [
     "-fno-sanitize-recover=undefined",
 ]
 
-_COPTS = [
-    "-std=c++17",
+# The C++ standard comes first: the one the LibTorch in use needs.
+_COPTS = LIBTORCH_COPTS + [
     "-O1",
     "-g",
     "-fno-omit-frame-pointer",

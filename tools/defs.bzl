@@ -15,11 +15,14 @@ environment in one place:
                     that runs every benchmark once, briefly.
 """
 
+load("@libtorch//:version.bzl", "LIBTORCH_COPTS")
 load("@local_cuda//:defs.bzl", "CUDA_FOUND")
 
-# Warnings are errors for the project's own sources. External headers come in
-# through -isystem and stay quiet.
-RS_COPTS = [
+# The C++ standard the LibTorch in use needs (c++17 up to torch 2.13, c++20
+# from 2.14: third_party/libtorch/libtorch.bzl picks it), then warnings as
+# errors for the project's own sources. External headers come in through
+# -isystem and stay quiet.
+RS_COPTS = LIBTORCH_COPTS + [
     "-Wall",
     "-Wextra",
     "-Werror",

@@ -2,10 +2,15 @@
 """Assembles the main job's report from what the battery left behind.
 
   tools/report.py --testlogs DIR --out DIR [--harness JSON] [--bench DIR] [--junit NAME=FILE]
+                  [--more-testlogs AREA=DIR]
 
 Reads the gtest XML and logs under the Bazel testlogs folder, the reload
 harness's JSON report and the benchmark comparison (if any), and writes
 OUT/report.md, OUT/report.json and copies the benchmark charts beside them.
+`--more-testlogs AREA=DIR` adds another configuration's testlogs (the C++
+tests against the newest torch) as one area. The report lists the torch
+versions the tests recorded (testlogs.torch_versions), with the areas that
+tested each.
 Prints the short table that ends the main job. Exits 1 if a test failed, the
 harness did not get the verdict each backend expects, or a benchmark
 comparison that gates (A/B, or this machine's own stored baseline) found a
@@ -26,13 +31,21 @@ import testlogs as testlogs_reader  # noqa: E402
 AREAS = ["utils", "conformance", "fuzz", "bench"]
 
 
-def read_tests(testlogs, junit=()):
-    """Per target: area, passed/failed/skipped cases, skip reasons, fuzz counts.
+def read_tests(testlogs, junit=(), more_testlogs=()):
+    """Per target: area, passed/failed/skipped cases, skip reasons, fuzz
+    counts; and the torch versions the cases recorded.
 
     The XML is read by tools/testlogs.py (shards merged under their target);
-    `junit` adds NAME=FILE JUnit files (pytest's) as area NAME.
+    `junit` adds NAME=FILE JUnit files (pytest's) as area NAME;
+    `more_testlogs` adds AREA=DIR testlogs folders, every target as area AREA.
     """
     found = [(t, t.label[2:].split("/")[0].split(":")[0]) for t in testlogs_reader.read_testlogs(testlogs)]
+    for spec in more_testlogs:
+        area, _, folder = spec.partition("=")
+        for t in testlogs_reader.read_testlogs(folder):
+            t.package = area
+            t.label = f"{t.label} ({area})"
+            found.append((t, area))
     for spec in junit:
         name, _, path = spec.partition("=")
         found.append((testlogs_reader.read_junit(path, f"{name} ({os.path.basename(path)})", package=name), name))
@@ -50,7 +63,10 @@ def read_tests(testlogs, junit=()):
                 if m:
                     t["properties"][name] = int(m.group(1))
         targets[target.label] = t
-    return targets
+    for target, area in found:
+        target.package = area
+    versions = testlogs_reader.torch_versions([target for target, _ in found])
+    return targets, versions
 
 
 def main():
@@ -61,10 +77,12 @@ def main():
     ap.add_argument("--bench")
     ap.add_argument("--junit", action="append", default=[], metavar="NAME=FILE",
                     help="a JUnit XML file (pytest's) whose cases count as area NAME")
+    ap.add_argument("--more-testlogs", action="append", default=[], metavar="AREA=DIR",
+                    help="another Bazel testlogs folder whose targets count as area AREA")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
-    targets = read_tests(args.testlogs, args.junit)
+    targets, torch_versions = read_tests(args.testlogs, args.junit, args.more_testlogs)
     areas = {}
     for label, t in targets.items():
         a = areas.setdefault(t["area"], {"passed": 0, "failed": 0, "skipped": 0})
@@ -77,6 +95,10 @@ def main():
     bench = read_bench(args.bench, args.out) if args.bench else None
 
     md = ["# reloadsafe report", ""]
+    md += ["## Torch versions tested", "", "| torch | areas |", "| --- | --- |"]
+    md += [f"| {v} | {', '.join(areas)} |" for v, areas in sorted(torch_versions.items())] or \
+        ["| (none recorded) | |"]
+    md.append("")
     md += ["## Tests by area", "", "| area | passed | failed | skipped |", "| --- | ---: | ---: | ---: |"]
     for area, a in sorted(areas.items()):
         md.append(f"| {area} | {a['passed']} | {a['failed']} | {a['skipped']} |")
@@ -108,7 +130,7 @@ def main():
     harness_bad = harness is not None and not all(b["ok"] for b in harness["backends"])
     bench_bad = bench is not None and bench["failed"]
     open(os.path.join(args.out, "report.md"), "w").write("\n".join(md) + "\n")
-    json.dump({"areas": areas, "skips": skips, "fuzz_cases": fuzz, "harness": harness, "bench": bench},
+    json.dump({"torch_versions": torch_versions, "areas": areas, "skips": skips, "fuzz_cases": fuzz, "harness": harness, "bench": bench},
               open(os.path.join(args.out, "report.json"), "w"), indent=2)
 
     print("\n| area | passed | failed | skipped |\n| --- | ---: | ---: | ---: |")
@@ -120,6 +142,8 @@ def main():
     if bench:
         for v in bench["verdicts"]:
             print(f"benchmarks {v['binary']}: {bench_line(v)}")
+    print("\ntorch tested: " + ("; ".join(f"{v} ({', '.join(a)})" for v, a in sorted(torch_versions.items()))
+                                 or "none recorded"))
     total = {k: sum(a[k] for a in areas.values()) for k in ("passed", "failed", "skipped")}
     print(f"\nbattery: {total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped")
     # Correctness (tests, harness) and, where the comparison gates (A/B or

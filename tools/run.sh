@@ -14,7 +14,9 @@
 # from another machine's baseline are reported as information only.
 #
 #   1. tests: utilities, golden conformance cases, hostile inputs, fuzz properties,
-#      the Python package (pytest)
+#      the Python package (pytest); against the default torch (2.11) and the
+#      newest supported (2.15, --config=torch2.15); the report says which
+#      torch versions were tested
 #   2. the reload harness over every registered backend (normal and direct reload)
 #   3. the GPU tests (or why they were skipped)
 #   4. the benchmarks against their limits (copies, replace_parameter; the
@@ -42,8 +44,14 @@ status=0
 step() { printf '\n[run] %s\n' "$*"; }
 
 step "1/5 tests: utils, conformance, golden cases, fuzz properties, the Python package"
-bazel test //utils/... //conformance/... //fuzz/... || status=1
+bazel test //utils/... //conformance/... //fuzz/... //tools:torch_version_test || status=1
 tools/pytest.sh "$out/python.xml" || status=1
+# The newest supported torch, in its own output folders (its testlogs are
+# kept for the report: the default configuration's are read from bazel info).
+newest=2.15
+bazel test --config=torch$newest //utils/... //conformance/... //fuzz/... //tools:torch_version_test || status=1
+testlogs_newest="$(bazel info --config=torch$newest bazel-testlogs 2>/dev/null)"
+tools/pytest.sh --torch $newest "$out/python-torch$newest.xml" || status=1
 
 step "2/5 reload harness: every registered backend, $reloads reloads per mode"
 bazel run //conformance/harness:reload_harness -- --reloads "$reloads" --json "$out/harness.json" \
@@ -67,6 +75,7 @@ echo "${PIPESTATUS[0]}" > "$out/bench/compare.rc"
 
 step "5/5 report"
 python3 tools/report.py --testlogs "$(bazel info bazel-testlogs 2>/dev/null)" --out "$out" \
-  --harness "$out/harness.json" --bench "$out/bench" --junit "python=$out/python.xml" || status=1
+  --harness "$out/harness.json" --bench "$out/bench" --junit "python=$out/python.xml" \
+  --more-testlogs "cpp-torch$newest=$testlogs_newest" --junit "python-torch$newest=$out/python-torch$newest.xml" || status=1
 echo "[run] report: $out/report.md"
 exit $status

@@ -15,6 +15,9 @@
 #   side against another LibTorch instead.
 # - user.bazelrc in the checkout: a Bazel disk cache in the same cache folder,
 #   so a fresh clone does not rebuild what another clone already built.
+# - A second Python environment, $CACHE/venv-torch2.15, with the newest
+#   supported torch (the test command tests both ends of the range), and
+#   pytest-xdist in both (the newest-torch block below).
 set -euo pipefail
 
 TORCH_VERSION=2.11.0
@@ -99,8 +102,9 @@ install_venv() {
 # installed: bitsandbytes falls back to its own CPU code and says so.
 QUANT_PACKAGES=(torchao==0.18.0 bitsandbytes==0.50.2)
 
+# Both take the environment as an optional argument (default: $VENV).
 quant_libraries_ready() {
-  "$VENV/bin/python" - "${QUANT_PACKAGES[@]}" <<'PY' 2>/dev/null
+  "${1:-$VENV}/bin/python" - "${QUANT_PACKAGES[@]}" <<'PY' 2>/dev/null
 import importlib.metadata as m, sys
 for spec in sys.argv[1:]:
     name, version = spec.split("==")
@@ -112,13 +116,14 @@ PY
 }
 
 install_quant_libraries() {
-  if quant_libraries_ready; then
-    say "quantization libraries: ${QUANT_PACKAGES[*]} present"
+  local venv="${1:-$VENV}"
+  if quant_libraries_ready "$venv"; then
+    say "quantization libraries: ${QUANT_PACKAGES[*]} present in $venv"
     return
   fi
-  say "quantization libraries: installing ${QUANT_PACKAGES[*]} (--no-deps, for python/tests/real)"
-  "$VENV/bin/python" -m pip install -q --progress-bar on --no-deps "${QUANT_PACKAGES[@]}"
-  quant_libraries_ready || die "the Python environment in $VENV lacks ${QUANT_PACKAGES[*]} (or numpy, packaging) after installing"
+  say "quantization libraries: installing ${QUANT_PACKAGES[*]} into $venv (--no-deps, for python/tests/real)"
+  "$venv/bin/python" -m pip install -q --progress-bar on --no-deps "${QUANT_PACKAGES[@]}"
+  quant_libraries_ready "$venv" || die "the Python environment in $venv lacks ${QUANT_PACKAGES[*]} (or numpy, packaging) after installing"
 }
 
 # Earlier set-ups unpacked a separate LibTorch and CUDA runtime into the
@@ -151,6 +156,61 @@ install_python_packages() {
     say "matplotlib: could not be installed; benchmark charts will be skipped"
 }
 
+# --- The newest supported torch (a second Python environment) -------------
+# The test command tests the Python package and the C++ suite against both ends
+# of the supported torch range (third_party/libtorch/libtorch.bzl): the default
+# torch above, in $VENV, and the newest, in $VENV_NEWEST (Bazel's
+# --config=torch$NEWEST_TORCH_SERIES reads it). Both environments also get
+# pytest-xdist, so the Python tests show `pytest -n` working, and the
+# quantization libraries (install_quant_libraries), so python/tests/real runs
+# against both torches.
+NEWEST_TORCH_VERSION=2.15.0
+NEWEST_TORCH_SERIES="${NEWEST_TORCH_VERSION%.*}"
+VENV_NEWEST="$CACHE/venv-torch$NEWEST_TORCH_SERIES"
+TEST_EXTRAS=(pytest-xdist)
+
+# torch VERSION, pytest, numpy and the test extras are importable by python DIR/bin/python.
+torch_venv_ready() {
+  local dir="$1" version="$2"
+  [ -x "$dir/bin/python" ] || return 1
+  "$dir/bin/python" - "$version" <<'PY' 2>/dev/null
+import importlib.metadata as m, sys
+if m.version("torch").split("+")[0] != sys.argv[1]:
+    sys.exit(1)
+for name in ("pytest", "numpy", "pytest-xdist"):
+    m.version(name)
+PY
+}
+
+# A Python environment DIR with torch VERSION, pytest, numpy and the test
+# extras; left alone when it has them already.
+install_torch_venv() {
+  local dir="$1" version="$2"
+  if torch_venv_ready "$dir" "$version"; then
+    say "Python environment: torch $version, pytest, pytest-xdist, numpy present in $dir"
+    return
+  fi
+  if [ ! -x "$dir/bin/python" ] || ! "$dir/bin/python" -c pass 2>/dev/null; then
+    say "Python environment: creating $dir with $(python3 --version 2>&1)"
+    rm -rf "$dir"
+    python3 -m venv "$dir" || die "python3 -m venv failed: install python3-venv"
+  fi
+  say "Python environment: installing torch==$version, pytest, numpy, ${TEST_EXTRAS[*]} into $dir (about 3 GB to download)"
+  "$dir/bin/python" -m pip install --progress-bar on "torch==$version" "pytest>=7" numpy "${TEST_EXTRAS[@]}"
+  torch_venv_ready "$dir" "$version" || die "the Python environment in $dir lacks torch $version, pytest, numpy or ${TEST_EXTRAS[*]} after installing"
+  say "Python environment: ready in $dir ($(du -sh "$dir" | cut -f1))"
+}
+
+# The default environment gets the test extras too (its torch is install_venv's).
+install_test_extras() {
+  if "$VENV/bin/python" -c "import xdist" 2>/dev/null; then
+    return
+  fi
+  say "Python environment: installing ${TEST_EXTRAS[*]} into $VENV"
+  "$VENV/bin/python" -m pip install -q "${TEST_EXTRAS[@]}" || die "could not install ${TEST_EXTRAS[*]} into $VENV"
+}
+# --- end of the newest-torch block --------------------------------------------
+
 write_user_bazelrc() {
   local rc="$TOP/user.bazelrc"
   local want="build --disk_cache=$CACHE/bazel-disk-cache"
@@ -164,6 +224,9 @@ start=$SECONDS
 install_debian_packages
 install_venv
 install_quant_libraries
+install_test_extras
+install_torch_venv "$VENV_NEWEST" "$NEWEST_TORCH_VERSION"
+install_quant_libraries "$VENV_NEWEST"
 note_old_cache
 check_libtorch_override
 install_python_packages

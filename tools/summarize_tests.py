@@ -3,6 +3,7 @@
 
   tools/summarize_tests.py [--json OUT] [--markdown OUT] TESTLOGS_DIR [PACKAGE ...]
                            [--junit [NAME=]FILE ...] [--pytest-xml AREA=FILE ...]
+                           [--testlogs AREA=DIR ...]
 
 Prints a table of test cases by package (passed, failed, skipped), lists every
 skipped case with its reason and every failed case, and ends with the line
@@ -12,7 +13,13 @@ Sharded tests count once, under their target's name. `--junit NAME=FILE` adds
 the cases of a JUnit XML file (pytest's --junitxml, for example) under
 package NAME (default: the file's name without .xml); it may be repeated.
 --pytest-xml AREA=FILE is the same for pytest's --junitxml file. A missing or
-unreadable file counts as one failed case.
+unreadable file counts as one failed case. `--testlogs AREA=DIR` adds every
+target of another Bazel testlogs folder (another configuration's, such as
+--config=torch2.15) under the one area AREA.
+
+The torch versions the cases recorded (testlogs.torch_versions) end the
+output, each with the areas that tested it ('torch tested: 2.11.0+cu130
+(tools, python); 2.15.0+cu132 (cpp-torch2.15, python-torch2.15)').
 The XML is read by tools/testlogs.py.
 """
 import argparse
@@ -60,9 +67,18 @@ def main(argv=None):
     ap.add_argument("--junit", action="append", default=[], metavar="[NAME=]FILE")
     ap.add_argument("--pytest-xml", action="append", default=[], metavar="AREA=FILE",
                     dest="junit")
+    ap.add_argument("--testlogs", action="append", default=[], metavar="AREA=DIR",
+                    dest="more_testlogs")
     args = ap.parse_args(argv)
 
     targets = testlogs.read_testlogs(args.testlogs, args.packages or None)
+    for spec in args.more_testlogs:
+        area, sep, folder = spec.partition("=")
+        if not sep or not area:
+            ap.error(f"--testlogs takes AREA=DIR, not {spec!r}")
+        for target in testlogs.read_testlogs(folder):
+            target.package = area
+            targets.append(target)
     targets += [junit_target(spec) for spec in args.junit]
     rows, skipped, failed = summarize(targets)
 
@@ -83,8 +99,11 @@ def main(argv=None):
             f.write(out + "\n")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"areas": rows, "total": total, "skipped": skipped, "failed": failed}, f,
-                      indent=2)
+            json.dump({"areas": rows, "total": total, "skipped": skipped, "failed": failed,
+                       "torch_versions": testlogs.torch_versions(targets)}, f, indent=2)
+    versions = testlogs.torch_versions(targets)
+    if versions:
+        print("\ntorch tested: " + "; ".join(f"{v} ({', '.join(areas)})" for v, areas in sorted(versions.items())))
     print(f"\ntests: {total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped")
     return 1 if total["failed"] else 0
 

@@ -16,6 +16,14 @@
 # 4. `bazel test --config=tsan //utils:tensor_attrs_test`: the attribute
 #    table's concurrency test (threads sharing one tensor) under
 #    ThreadSanitizer, in its own output folders. Counted as area `tsan`.
+# 5. The newest supported torch (2.15; 1-3 are against the default, 2.11):
+#    `bazel test --config=torch2.15 //...` (the C++ suite, in its own output
+#    folders) and the Python tests in the cache's venv-torch2.15. Counted as
+#    areas `cpp-torch2.15` and `python-torch2.15`.
+# 6. The external-repository path: tools/consumer_test.sh builds and tests
+#    conformance/harness/example_consumer, a workspace of its own that uses
+#    reloadsafe through deps.bzl and reload_harness_test. Area `consumer`.
+# The summary ends with the torch versions the tests recorded.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 tools/setup.sh
@@ -32,5 +40,21 @@ tools/pytest.sh "$pytest_xml" || status=$?
 echo "[test] bazel test --config=tsan //utils:tensor_attrs_test $*"
 bazel test --config=tsan "$@" //utils:tensor_attrs_test || status=$?
 tsan_xml="$(readlink -f bazel-testlogs)/utils/tensor_attrs_test/test.xml"
-tools/summarize_tests.py --pytest-xml "python=$pytest_xml" --junit "tsan=$tsan_xml" "$testlogs" || status=$?
+
+# --- 5-6: the newest supported torch, and the external-repository path ------
+newest=2.15
+echo "[test] bazel test --config=torch$newest //... $*"
+bazel test --config=torch$newest "$@" //... || status=$?
+testlogs_newest="$(readlink -f bazel-testlogs)"
+echo "[test] python against torch $newest: bazel build --config=torch$newest //python:package, then pytest python/tests"
+pytest_newest_xml="$(dirname "$pytest_xml")/pytest-torch$newest.xml"
+tools/pytest.sh --torch $newest "$pytest_newest_xml" || status=$?
+echo "[test] consumer workspace: conformance/harness/example_consumer"
+consumer_xml="$(dirname "$pytest_xml")/consumer.xml"
+tools/consumer_test.sh "$consumer_xml" "$@" || status=$?
+newest_results=(--testlogs "cpp-torch$newest=$testlogs_newest" --pytest-xml "python-torch$newest=$pytest_newest_xml"
+  --junit "consumer=$consumer_xml")
+# --- end of 5-6 ----------------------------------------------------------------
+
+tools/summarize_tests.py --pytest-xml "python=$pytest_xml" --junit "tsan=$tsan_xml" "${newest_results[@]}" "$testlogs" || status=$?
 exit $status

@@ -4,6 +4,7 @@ and pytest.
 
   targets = read_testlogs("bazel-testlogs")          # every Bazel test target
   target = read_junit("results.xml", "//python:tests", package="python")
+  torch_versions(targets)                            # {"2.11.0+cu130": ["utils", ...]}
 
 A Bazel testlogs folder holds `<package>/<target>/test.xml` per test, or, for
 a sharded test (or one run several times), one folder per shard or run:
@@ -85,10 +86,19 @@ def read_cases(path):
         root = ET.parse(path).getroot()
     except (ET.ParseError, OSError) as e:
         return [Case("", "failed", f"unreadable XML: {e}")]
-    cases = [_case(node) for node in root.iter("testcase")]
+    cases = []
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    for suite in suites or [root]:
+        # Properties of a suite (pytest's record_testsuite_property) hold for
+        # each of its cases, unless the case records its own.
+        shared = {p.get("name"): p.get("value") for p in suite.findall("properties/property")
+                  if p.get("name") is not None}
+        for node in suite.findall("testcase") if suites else root.iter("testcase"):
+            case = _case(node)
+            case.properties = {**shared, **case.properties}
+            cases.append(case)
     if cases:
         return cases
-    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
     bad = sum(int(s.get("failures", 0) or 0) + int(s.get("errors", 0) or 0) for s in suites)
     return [Case("", "failed" if bad else "passed")]
 
@@ -126,3 +136,16 @@ def read_testlogs(testlogs, packages=None):
     for target in targets.values():
         target.logs.sort()
     return [targets[label] for label in sorted(targets)]
+
+
+def torch_versions(targets):
+    """The torch versions the targets' cases recorded (the `torch_version`
+    property of //tools:torch_version_test and of the Python package's tests),
+    each with the packages that recorded it: {"2.15.0+cu132": ["python"]}."""
+    found = {}
+    for target in targets:
+        for case in target.cases:
+            version = case.properties.get("torch_version")
+            if version and target.package not in found.setdefault(version, []):
+                found[version].append(target.package)
+    return found

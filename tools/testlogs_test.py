@@ -64,6 +64,22 @@ PYTEST = """<?xml version="1.0" encoding="utf-8"?>
 <testcase classname="tests.test_api" name="test_setup" time="0.0"><error message="fixture failed">trace</error></testcase>
 </testsuite></testsuites>
 """
+# //tools:torch_version_test's gtest XML and pytest's, each with the
+# torch_version property (gtest writes it on the case, pytest's
+# record_testsuite_property on the suite).
+TORCH_VERSION_XML = """<?xml version="1.0" encoding="UTF-8"?>
+<testsuites tests="1" name="AllTests"><testsuite name="LibTorch" tests="1">
+<testcase name="HeadersAreTheVersionTheRepositoryRuleRead" status="run" result="completed"
+ classname="LibTorch" torch_version="%s" />
+</testsuite></testsuites>
+"""
+PYTEST_TORCH = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" tests="2">
+<properties><property name="torch_version" value="%s" /></properties>
+<testcase classname="test_package" name="test_extension_matches_this_torch" />
+<testcase classname="test_check" name="test_other" />
+</testsuite></testsuites>
+"""
 
 
 def write(root, rel, text):
@@ -168,6 +184,29 @@ class TestlogsTest(unittest.TestCase):
         self.assertIn("//fuzz:storage_fit_props_test StorageFitProps.Places", summary["failed"])
         self.assertNotIn("shard", stdout.getvalue())
         self.assertIn("tests: 9 passed, 6 failed, 4 skipped", stdout.getvalue())
+
+    def test_torch_versions_and_a_second_testlogs_folder_as_one_area(self):
+        newest = os.path.join(self.tmp.name, "testlogs-newest")
+        write(newest, "tools/torch_version_test/test.xml", TORCH_VERSION_XML % "2.15.0+cu132")
+        write(newest, "utils/layer_test/test.xml", GTEST_SHARD_1)
+        write(self.root, "tools/torch_version_test/test.xml", TORCH_VERSION_XML % "2.11.0+cu130")
+        pytest_newest = write(self.tmp.name, "pytest-newest.xml", PYTEST_TORCH % "2.15.0+cu132")
+        self.assertEqual(testlogs.torch_versions(testlogs.read_testlogs(self.root)),
+                         {"2.11.0+cu130": ["tools"]})
+        out_json = os.path.join(self.tmp.name, "summary.json")
+        stdout = io.StringIO()
+        with contextlib.redirect_stdout(stdout):
+            summarize_tests.main([self.root, "bench", "tools", "--json", out_json,
+                                  "--testlogs", "cpp-newest=" + newest,
+                                  "--junit", "python-newest=" + pytest_newest])
+        with open(out_json) as f:
+            summary = json.load(f)
+        self.assertEqual(summary["areas"]["cpp-newest"], {"passed": 3})
+        self.assertEqual(summary["areas"]["python-newest"], {"passed": 2})
+        self.assertEqual(summary["torch_versions"], {"2.11.0+cu130": ["tools"],
+                                                     "2.15.0+cu132": ["cpp-newest", "python-newest"]})
+        self.assertIn("torch tested: 2.11.0+cu130 (tools); 2.15.0+cu132 (cpp-newest, python-newest)",
+                      stdout.getvalue())
 
     def test_summary_of_passing_results_exits_zero(self):
         with contextlib.redirect_stdout(io.StringIO()):

@@ -44,9 +44,14 @@
 //  - a tensor that dispatches in Python (a `__torch_dispatch__` wrapper
 //    subclass, as torchao and many quantizers hold a weight) has no storage
 //    of its own that a kernel reads: it is recorded as a read marked
-//    `subclass`, whose storage is never touched, and the reads that count are
-//    those of the ops its dispatch calls on the inner tensors, one level
-//    deeper;
+//    `subclass`, whose storage is never touched. A subclass that works
+//    through `__torch_function__` (torchao's) calls its ops on the inner
+//    tensors from Python, and the trace sees those reads at depth 0. Inside a
+//    `__torch_dispatch__`, PyTorch excludes every dispatch key above Python,
+//    this trace's key included, so the reads that dispatch makes on the inner
+//    tensors are not seen: the harness checks those inner tensors as
+//    declared tensors (the Python walker names them `weight.qdata`), and the
+//    capture holds the wrapper as it was for the replay;
 //  - a TorchBind object handed to an op (a packed weight such as fbgemm's
 //    LinearPackedParamsBase, a oneDNN handle) is an ObjectRead: its class and
 //    identity (the object and the C++ instance it holds). The tensors it

@@ -11,7 +11,9 @@ the torch this interpreter imports; tensors cross without copies.
 - ``trace()``: a context manager recording which tensors the code in its
   block hands to operators (external/internal, data pointers, layouts).
 - ``named_tensors(module)``: every tensor reachable from a module, by name
-  (parameters, buffers, attributes, containers, partials, closures, objects).
+  (parameters, buffers, attributes, containers, partials, closures, objects;
+  a tensor subclass's inner tensors, ``weight.qdata``); ``named_objects``:
+  the TorchScript custom-class objects (packed weights) it reaches.
 - ``in_own_storage``, ``storage_view``, ``extent``, ``checked_extent``: the
   C++ reference utilities on Python tensors.
 - ``evaluate_case``, ``run_cases``: the conformance case runner
@@ -27,8 +29,8 @@ from .check import MODES, ReloadReport, check_reload
 from .errors import ReloadCheckError, ReloadViolation
 from .loading import CheckpointDrawer, default_weight_loader, draw_checkpoint, load_checkpoint
 from .reference import checked_extent, direct_reload, direct_reload_enabled, extent, in_own_storage, storage_view
-from .trace import OpCall, TensorRead, Trace, trace
-from .walk import NamedTensor, named_tensors
+from .trace import ObjectRead, OpCall, TensorRead, Trace, trace
+from .walk import NamedObject, NamedTensor, named_objects, named_tensors
 
 __version__ = "0.1.0"
 
@@ -36,7 +38,9 @@ __all__ = [
     "MAX_CASE_STORAGE_BYTES",
     "CheckpointDrawer",
     "MODES",
+    "NamedObject",
     "NamedTensor",
+    "ObjectRead",
     "OpCall",
     "ReloadCheckError",
     "ReloadReport",
@@ -54,6 +58,7 @@ __all__ = [
     "evaluate_case",
     "extent",
     "in_own_storage",
+    "named_objects",
     "named_tensors",
     "run_cases",
     "storage_view",

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import gc
 import json
+import numbers
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
 
 import torch
 
 from ._loader import _C
 from .errors import ReloadCheckError, ReloadViolation
-from .loading import Checkpoint, CheckpointDrawer, checkpoint_layouts, load_checkpoint
-from .walk import named_tensors
+from .loading import Checkpoint, CheckpointDrawer, checkpoint_layouts, describe, is_dense, load_checkpoint
+from .walk import named_objects, named_tensors
 
 __all__ = ["check_reload", "ReloadReport", "MODES"]
 
@@ -140,6 +142,10 @@ class _Subject(_C.ReloadSubject):
         assert self.live is not None
         return self.spec.named(self.live)
 
+    def named_objects(self) -> List[Any]:
+        assert self.live is not None
+        return [_C.NamedObject(no.name, no.obj) for no in named_objects(self.live)]
+
     def make_input(self, seed: int) -> torch.Tensor:
         return self.spec.input(seed)
 
@@ -203,7 +209,7 @@ class _Spec:
         if not modes:
             raise ReloadCheckError("check_reload: `modes` is empty; give 'normal', 'direct' or both")
         self.modes = tuple(modes)
-        self.load = load or load_checkpoint
+        self.load = load or functools.partial(load_checkpoint, device=device)
         self.process = process
         self.forward = forward
         self.user_checkpoint = make_checkpoint
@@ -220,6 +226,8 @@ class _Spec:
                 "buffers, so there is nothing to load or reload: register its weights as "
                 "torch.nn.Parameter (or buffers) and load checkpoints into them"
             )
+        if make_checkpoint is None:
+            self._check_drawable(probe)
         self.layouts = checkpoint_layouts(probe)
         self.drawer = CheckpointDrawer(self.layouts)  # one random draw per tensor, then copies
         if make_checkpoint is None and not self.layouts:
@@ -229,6 +237,38 @@ class _Spec:
             )
         self.first_checkpoint = self.checkpoint(0)
 
+    def _check_drawable(self, probe: torch.nn.Module) -> None:
+        """Checkpoints are drawn from the fresh layer's parameters, as dense
+        tensors: a parameter that is not dense (mkldnn, sparse, quantized)
+        cannot be drawn or loaded by default, and a layer whose non-empty
+        weights are all buffers has nothing to draw. Both are named."""
+        params = [(n, p) for n, p in probe.named_parameters(remove_duplicate=True) if p.numel() > 0]
+        for name, p in params:
+            if not is_dense(p):
+                raise ReloadCheckError(
+                    f"check_reload: {self.name}: parameter '{name}' is {describe(p)}, from which no "
+                    "checkpoint can be drawn and into which the default loader cannot write. An engine "
+                    f"loads a dense checkpoint: keep '{name}' a dense (strided) tensor of the checkpoint's "
+                    f"dtype and {_pack_hint(p)} in post-processing (process_weights_after_loading), or "
+                    "pass make_checkpoint= (and load= for this tensor)"
+                )
+        if params:
+            return
+        buffers = [(n, b) for n, b in probe.named_buffers(remove_duplicate=True) if b.numel() > 0]
+        if buffers:
+            listed = ", ".join(f"'{n}' ({describe(b)})" for n, b in buffers[:4])
+            odd = next(((n, b) for n, b in buffers if not is_dense(b)), None)
+            hint = (
+                f"; keep '{odd[0]}' dense, as a checkpoint holds it, and {_pack_hint(odd[1])} in post-processing"
+                if odd is not None
+                else ""
+            )
+            raise ReloadCheckError(
+                f"check_reload: {self.name} has no non-empty parameters, only buffers ({listed}), and "
+                "checkpoints are drawn from parameters: register the tensors the checkpoint holds as "
+                f"torch.nn.Parameter, or pass make_checkpoint=lambda seed: {{name: tensor, ...}}{hint}"
+            )
+
     # Steps.
     def new_layer(self) -> torch.nn.Module:
         layer = self.factory()
@@ -236,6 +276,13 @@ class _Spec:
             raise ReloadCheckError(
                 f"check_reload: the layer factory returned {type(layer).__name__}, not a torch.nn.Module"
             )
+        if any(t.is_meta for t in (*layer.parameters(), *layer.buffers())):
+            # A layer built on the meta device (deferred initialisation, an
+            # engine's online quantization): its tensors get memory when the
+            # checkpoint is loaded into them, so they are left where they are
+            # (the default loader materialises them on the check's device);
+            # one still on meta after loading is an error (_check_no_meta).
+            return layer._apply(lambda t: t if t.is_meta else t.to(self.device))
         return layer.to(self.device)
 
     def fresh_forward(self, ckpt: Checkpoint, x: torch.Tensor) -> torch.Tensor:
@@ -275,6 +322,20 @@ class _Spec:
                 hook = getattr(layer, "process_weights_after_loading", None)
                 if callable(hook):
                     hook()
+            self._check_no_meta(layer)
+
+    def _check_no_meta(self, layer: torch.nn.Module) -> None:
+        """After load and post-processing no non-empty parameter or buffer is
+        left on the meta device (it has no data for the forward to read)."""
+        for kind, items in (("parameter", layer.named_parameters()), ("buffer", layer.named_buffers())):
+            for name, t in items:
+                if t.is_meta and t.numel() > 0:
+                    raise ReloadCheckError(
+                        f"check_reload: after load and post-processing, {kind} '{name}' of {self.name} "
+                        f"is still on the meta device ({_layout(t)}, no data): build the layer's tensors on "
+                        "a real device, or load every meta tensor from the checkpoint (its weight_loader "
+                        "must give it memory, as reloadsafe.default_weight_loader does, before writing)"
+                    )
 
     def _check_loaded(self, layer: torch.nn.Module, ckpt: Checkpoint) -> None:
         """After a load, every checkpoint tensor that names a parameter or
@@ -350,40 +411,30 @@ class _Spec:
             gc.collect()
 
 
-# Note [Collections during the protocol]
-# After the preflight and after every reload and release, gc.collect() runs,
-# so that storages kept only by reference cycles are freed before the memory
-# census counts them (a cycle would otherwise read as growth, or its later
-# collection hide a leak). A full collection traverses every object the
-# process tracks: with torch imported about 160,000, 0.18-0.5 s each on this
-# project's 2-core VMs, which made the 23 collections of a check of README's
-# FP8 layer at 1024 x 1024 three quarters of its time. Everything that exists
-# when the preflight starts (the interpreter's, torch's and the caller's
-# objects, the spec) is frozen until the protocol ends (gc.freeze: moved to a
-# generation collections skip; still a referrer, so what it holds stays
-# reachable), and each collection traverses only the objects made since (28
-# in that check): the preflight's, live and fresh layers, checkpoints, what
-# post-processing and forwards made. What a reload turns into garbage was
-# made after the freeze: the live layer and all it holds are created by the
-# protocol's cold load. Garbage the caller left before the check is
-# collected after it instead of during it. A caller that froze objects
-# itself keeps its freeze, and the collections stay full.
-
-
-@contextlib.contextmanager
-def _collections_of_new_objects_only() -> Iterator[None]:
-    if gc.get_freeze_count() > 0:
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
 def _layout(t: torch.Tensor) -> str:
     return f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}"
+
+
+def _pack_hint(t: torch.Tensor) -> str:
+    """What to do in post-processing to get from a dense tensor to ``t``'s form."""
+    if t.layout == torch._mkldnn:  # type: ignore[attr-defined]
+        return "convert it (to_mkldnn, torch.utils.mkldnn) or pack it"
+    if t.layout != torch.strided:
+        return f"make it {str(t.layout).replace('torch.', '')}"
+    return "quantize or pack it (torch.quantize_per_tensor, a prepack op)"
+
+
+def _whole_number(name: str, value: Any, minimum: int, example: int) -> int:
+    """``value`` as an int of at least ``minimum``; a ReloadCheckError for a
+    string, a float, a bool or anything that is not a whole number."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ReloadCheckError(
+            f"check_reload: {name} must be an int, got {type(value).__name__} {value!r}: pass a whole "
+            f"number, e.g. {name}={example}"
+        )
+    if value < minimum:
+        raise ReloadCheckError(f"check_reload: {name} must be at least {minimum}, got {value}")
+    return int(value)
 
 
 def check_reload(
@@ -425,12 +476,15 @@ def check_reload(
 
     - every tensor reachable from the module (``named_tensors``: parameters,
       buffers, attributes, tensors in containers, partials, closures and plain
-      objects; empty ones and ``undeclared`` names excepted) kept its name,
-      address, storage, storage size and layout;
+      objects, the inner tensors of a tensor subclass such as
+      ``qweight.qdata``; empty ones and ``undeclared`` names excepted) kept
+      its name, address, storage, storage size and layout;
     - the traced forward issues the captured op sequence and every external
       read is at the captured address, storage and layout (tensors the module
       does not reach, such as one held in a kernel object outside it, are
-      named "undeclared tensor");
+      named "undeclared tensor"), and every opaque object an op reads (a
+      packed weight, named by ``named_objects`` where the module reaches it)
+      is the captured object;
     - replaying the captured ops, and the live forward, equal the forward of
       a fresh cold load of the same checkpoint;
     - the checkpoint, the input and a canary are unchanged;
@@ -442,35 +496,73 @@ def check_reload(
     negative control: the report is ok when that tensor name or read (op
     name prefix, "memory", "op sequence") is flagged.
 
+    A layer built on the meta device is checked as an engine loads it: its
+    meta tensors get memory (on ``device``) when the checkpoint is loaded
+    into them; one still on meta after loading is an error.
+
     Bad input (not a module, a forward or load that raises, a layer without
-    parameters, a load that changes shapes) raises ``ReloadCheckError``
-    naming what to fix.
+    parameters, a load that changes shapes, a parameter that is not dense
+    (mkldnn, sparse, quantized) with no ``make_checkpoint``, a tensor left on
+    the meta device, ``reloads``/``seed`` that are not whole numbers) raises
+    ``ReloadCheckError`` naming what to fix.
 
     On CUDA (``device="cuda"``) the protocol runs on the device, and
     additionally the forward is captured with ``torch.cuda.graph``, its
     output poisoned before each replay, and the replay after every reload
     compared with a fresh cold load.
     """
-    if reloads < 1:
-        raise ReloadCheckError(f"check_reload: reloads must be at least 1, got {reloads}")
-    dev = torch.device(device) if device is not None else torch.device("cpu")
+    reloads = _whole_number("reloads", reloads, 1, example=10)
+    seed = _whole_number("seed", seed, 0, example=1)
+    memory_tolerance_bytes = _whole_number("memory_tolerance_bytes", memory_tolerance_bytes, 0, example=4096)
+    if isinstance(modes, str):
+        raise ReloadCheckError(
+            f"check_reload: modes must be a sequence of modes, got the string {modes!r}: pass modes=({modes!r},)"
+        )
+    try:
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+    except (RuntimeError, TypeError) as e:
+        raise ReloadCheckError(
+            f"check_reload: device={device!r} is not a device ({e}): pass 'cpu', 'cuda' or a torch.device"
+        ) from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ReloadCheckError("check_reload: device='cuda' but torch.cuda.is_available() is False")
-    spec = _Spec(
-        layer, example_input, load, process, forward, make_checkpoint, modes, dev, name, undeclared,
-        expect_violation, memory_tolerance_bytes,
-    )
-    subject = _Subject(spec)
-    options = _C.RunOptions()
-    options.reloads = int(reloads)
-    options.device = dev
-    options.seed = int(seed)
-    options.trace = bool(trace)
-    with _collections_of_new_objects_only():
+    with _collections_see_only_the_check():
+        spec = _Spec(
+            layer, example_input, load, process, forward, make_checkpoint, modes, dev, name, undeclared,
+            expect_violation, memory_tolerance_bytes,
+        )
         spec.preflight()
+        subject = _Subject(spec)
+        options = _C.RunOptions()
+        options.reloads = int(reloads)
+        options.device = dev
+        options.seed = int(seed)
+        options.trace = bool(trace)
         report = _C.run_subject(subject, options)
-    if dev.type == "cuda":
-        from .cuda_graph import graph_replay_check
+        if dev.type == "cuda":
+            from .cuda_graph import graph_replay_check
 
-        graph_replay_check(spec, report, reloads, seed)
+            graph_replay_check(spec, report, reloads, seed)
     return ReloadReport(report, options)
+
+
+@contextlib.contextmanager
+def _collections_see_only_the_check() -> Iterator[None]:
+    """Every reload ends with ``gc.collect()`` (storages that only reference
+    cycles keep are freed before memory is counted). A full collection walks
+    every object of the process, hundreds of thousands with torch and a
+    quantization library imported, and was 90% of a check's time. The
+    storages a check frees were made during the check, by objects made during
+    it, so what existed before is frozen (``gc.freeze``) while the check runs
+    and each collection walks only what the check made. Where the caller has
+    frozen objects of its own, nothing is frozen (unfreezing at the end would
+    unfreeze theirs too): the check is then slower, never different."""
+    freeze = gc.get_freeze_count() == 0
+    if freeze:
+        gc.collect()  # what is garbage already is not frozen with the rest
+        gc.freeze()
+    try:
+        yield
+    finally:
+        if freeze:
+            gc.unfreeze()

@@ -12,6 +12,19 @@ not produced by an op inside it; views of an external storage are external)::
         print(read.where, read.layout, hex(read.data_ptr))
     print(t.format(layer))    # names from reloadsafe.named_tensors(layer)
 
+Tensor subclasses and opaque objects. A tensor that dispatches in Python (a
+``__torch_dispatch__`` wrapper subclass, as torchao holds a quantized weight)
+is recorded as a read with ``subclass=True`` and no storage fields (nothing
+touches its storage). A subclass working through ``__torch_function__``
+(torchao's) calls its ops on the inner tensors in the open, and
+``named_reads`` names those reads by ``named_tensors``' flattened names
+(``weight.qdata``); inside a ``__torch_dispatch__`` PyTorch excludes the
+trace's dispatch key, so the reads made there are not recorded. A TorchScript
+custom-class object handed to an op (fbgemm's packed weight in
+``quantized::linear_dynamic``) is an ``ObjectRead`` in ``OpCall.objects``,
+with its class name and identity; ``named_object_reads`` names it by
+``named_objects``.
+
 It is the C++ ReadTrace (conformance/harness/read_trace.h) on a dispatcher
 mode key, so it sees every op that goes through PyTorch's dispatcher: ATen ops
 and custom ops (``torch.ops.*``, ``torch.library``), whether called from Python
@@ -27,14 +40,14 @@ graph replay still catches a stale read by such a kernel.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
 from ._loader import _C
-from .walk import named_tensors
+from .walk import named_objects, named_tensors
 
-__all__ = ["trace", "Trace", "TensorRead", "OpCall"]
+__all__ = ["trace", "Trace", "TensorRead", "ObjectRead", "OpCall"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +62,12 @@ class TensorRead:
     element: Optional[int]  #: index in a Tensor[] argument, else None
     written: bool  #: the schema says the op writes it (in-place, out=)
     external: bool  #: see the module docstring
+    #: a tensor that dispatches in Python (a wrapper subclass): no storage
+    #: identity, every storage field 0; its inner tensors' reads follow
+    subclass: bool
+    #: for a tensor an opaque object reported (its packed weight), the
+    #: object's identity (ObjectRead.identity); 0 for an argument of the op
+    object: int
     storage: int  #: the storage's identity (compare only)
     storage_data_ptr: int
     storage_nbytes: int
@@ -73,12 +92,34 @@ class TensorRead:
 
 
 @dataclass(frozen=True)
+class ObjectRead:
+    """One opaque (TorchScript custom-class) object argument of one op: a
+    packed weight or a kernel handle, recorded by class and identity."""
+
+    op: str  #: the op's name with overload, "quantized::linear_dynamic"
+    op_index: int
+    depth: int
+    arg: int  #: index of the argument in the op's schema
+    arg_name: str
+    class_name: str  #: "quantized.LinearPackedParamsBase"
+    identity: int  #: the object's identity (compare only; see reloadsafe._C.object_identity)
+    payload: int  #: identity of the C++ instance it holds (compare only)
+
+    @property
+    def where(self) -> str:
+        """"quantized::linear_dynamic arg 1 (W_prepack)"."""
+        return f"{self.op} arg {self.arg} ({self.arg_name})"
+
+
+@dataclass(frozen=True)
 class OpCall:
-    """One op call seen by the trace."""
+    """One op call seen by the trace: its tensor arguments (``reads``) and
+    its opaque-object arguments (``objects``)."""
 
     name: str
     depth: int
     reads: Tuple[TensorRead, ...]
+    objects: Tuple[ObjectRead, ...] = ()
 
 
 class Trace:
@@ -120,25 +161,61 @@ class Trace:
         graph would read from memory it does not own."""
         return [r for r in self.reads() if r.external]
 
+    def object_reads(self) -> List[ObjectRead]:
+        """Every opaque-object argument of every op, in call order."""
+        return [o for op in self.ops for o in op.objects]
+
     def named_reads(self, module: torch.nn.Module) -> List[Tuple[TensorRead, Optional[str]]]:
         """Each external read with the name (``named_tensors(module)``) of the
         tensor whose storage it reads, or None when the module does not reach
-        it (a kernel object outside the module, a global)."""
+        it (a kernel object outside the module, a global) and for a
+        wrapper-subclass read (it has no storage of its own). Only data
+        pointers the trace recorded are compared: no storage of a wrapper,
+        sparse or mkldnn tensor is touched."""
         by_storage: Dict[int, str] = {}
         for nt in named_tensors(module):
-            if nt.tensor.device.type != "meta":
-                by_storage.setdefault(nt.tensor.untyped_storage().data_ptr(), nt.name)
-        return [(r, by_storage.get(r.storage_data_ptr)) for r in self.external_reads()]
+            ptr = _storage_data_ptr(nt.tensor)
+            if ptr:
+                by_storage.setdefault(ptr, nt.name)
+        return [
+            (r, None if r.subclass or not r.storage_data_ptr else by_storage.get(r.storage_data_ptr))
+            for r in self.external_reads()
+        ]
+
+    def named_object_reads(self, module: torch.nn.Module) -> List[Tuple[ObjectRead, Optional[str]]]:
+        """Each opaque-object read with the name (``named_objects(module)``)
+        of the object, or None when the module does not reach it."""
+        by_identity = {_C.object_identity(no.obj): no.name for no in named_objects(module)}
+        return [(o, by_identity.get(o.identity)) for o in self.object_reads()]
 
     def format(self, module: Optional[torch.nn.Module] = None) -> str:
-        """The external reads as a table: op and argument, name (with a
-        module) and layout."""
+        """The external reads and the object reads as a table: op and
+        argument, name (with a module) and layout (for an object, its
+        class)."""
         rows = self.named_reads(module) if module is not None else [(r, None) for r in self.external_reads()]
         lines = []
         for r, name in rows:
-            label = name if name is not None else ("undeclared" if module is not None else "")
+            if r.subclass:
+                label = "(subclass wrapper: no storage of its own)"
+            else:
+                label = name if name is not None else ("undeclared" if module is not None else "")
             lines.append(f"{r.where:<36} {label:<28} {r.layout}")
+        objects = (
+            self.named_object_reads(module) if module is not None else [(o, None) for o in self.object_reads()]
+        )
+        for o, name in objects:
+            label = name if name is not None else ("undeclared" if module is not None else "")
+            lines.append(f"{o.where:<36} {label:<28} object {o.class_name}")
         return "\n".join(lines)
+
+
+def _storage_data_ptr(t: torch.Tensor) -> int:
+    """The data pointer of ``t``'s storage, or 0 where it has none to compare
+    (meta, sparse, mkldnn, an empty storage)."""
+    if t.layout != torch.strided or t.device.type == "meta":
+        return 0
+    storage = t.untyped_storage()
+    return storage.data_ptr() if storage.nbytes() > 0 else 0
 
 
 def trace(*, nested: bool = True) -> Trace:
@@ -148,15 +225,23 @@ def trace(*, nested: bool = True) -> Trace:
     return Trace(nested=nested)
 
 
-def _op(index: int, op: object) -> OpCall:
+def _op(index: int, op: Any) -> OpCall:
     reads = tuple(
         TensorRead(
             op=op.name, op_index=index, depth=op.depth, arg=r.arg, arg_name=r.arg_name,
             element=None if r.element < 0 else r.element, written=r.written, external=r.external,
+            subclass=r.subclass, object=r.object,
             storage=r.storage, storage_data_ptr=r.storage_data, storage_nbytes=r.storage_nbytes,
             data_ptr=r.data_ptr, storage_offset=r.storage_offset, sizes=tuple(r.sizes),
             strides=tuple(r.strides), dtype=r.dtype, device=r.device, layout=r.layout,
         )
         for r in op.reads
     )
-    return OpCall(name=op.name, depth=op.depth, reads=reads)
+    objects = tuple(
+        ObjectRead(
+            op=op.name, op_index=index, depth=op.depth, arg=o.arg, arg_name=o.arg_name,
+            class_name=o.class_name, identity=o.identity, payload=o.payload,
+        )
+        for o in op.objects
+    )
+    return OpCall(name=op.name, depth=op.depth, reads=reads, objects=objects)

@@ -17,6 +17,22 @@ finds them all and names each the way you would reach it in Python::
     layer.fn.__defaults__[0]             a default argument value
     layer.cfg.workspace                  an attribute of a plain object
     layer.fn.__self__.workspace          an attribute of a bound method's object
+    qweight.qdata, qweight.scale         inner tensors of a tensor subclass (below)
+    weight.quant_state.absmax            an attribute set on a tensor object
+
+Tensor subclasses. A traceable wrapper subclass (``__torch_dispatch__`` with
+``__tensor_flatten__``, the way torchao and other quantizers hold a quantized
+weight) has no memory of its own: its inner tensors are the payload and the
+scales, and they are what a captured graph reads. ``named_tensors`` never
+returns the wrapper; it returns its inner tensors, named by the attribute
+names ``__tensor_flatten__`` gives (``qweight.qdata``), descending into an
+inner tensor that is itself a wrapper (``weight.inner.qdata``). Nothing here
+touches a wrapper's storage or data pointer.
+
+Opaque objects. ``named_objects`` finds the TorchScript custom-class objects
+(``torch.ScriptObject``, e.g. fbgemm's packed ``LinearPackedParamsBase``) the
+module reaches the same way: a kernel reads what the object holds, so an
+object replaced by a reload is an address a captured graph loses.
 
 The walk is cycle-safe (each object is entered once) and depth-limited
 (``max_depth`` hops below a module attribute; submodules do not count). It
@@ -30,11 +46,12 @@ from __future__ import annotations
 import functools
 import types
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Set, Tuple
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-__all__ = ["NamedTensor", "named_tensors"]
+__all__ = ["NamedObject", "NamedTensor", "named_objects", "named_tensors"]
 
 #: Default for ``named_tensors(max_depth=...)``.
 DEFAULT_MAX_DEPTH = 8
@@ -49,6 +66,7 @@ class NamedTensor:
     ``"container"`` (inside a list, tuple, set or dict), ``"partial"`` (an
     argument of a ``functools.partial``), ``"closure"`` (a closure cell or
     default of a function) or ``"object"`` (an attribute of a plain object).
+    An inner tensor of a wrapper subclass has the kind of its wrapper.
     """
 
     name: str
@@ -59,6 +77,17 @@ class NamedTensor:
     def declared(self) -> bool:
         """Whether the module declares it: a parameter or a buffer."""
         return self.kind in ("parameter", "buffer")
+
+
+@dataclass(frozen=True)
+class NamedObject:
+    """One TorchScript custom-class object (``torch.ScriptObject``) reachable
+    from a module, e.g. the packed weight of ``torch.ops.quantized.linear_dynamic``.
+    ``kind`` says how it is held, as for ``NamedTensor``."""
+
+    name: str
+    obj: torch.ScriptObject
+    kind: str
 
 
 # Objects whose insides are never walked: they hold no per-layer tensors, and
@@ -109,12 +138,49 @@ class _Walker:
         self.seen_tensors: Set[int] = set()
         self.entered: Set[int] = set()
         self.out: List[NamedTensor] = []
+        self.objects: List[NamedObject] = []
+        # Tensors whose own attributes (``t.__dict__``) are still to walk:
+        # walked after every module's parameters and buffers, so a tensor an
+        # attribute also reaches keeps its declared name.
+        self.tensor_attrs: List[Tuple[str, torch.Tensor, int]] = []
 
-    def add(self, name: str, t: torch.Tensor, kind: str) -> None:
+    def add(self, name: str, t: torch.Tensor, kind: str, depth: int = 0) -> None:
         if id(t) in self.seen_tensors:
             return
         self.seen_tensors.add(id(t))
-        self.out.append(NamedTensor(name, t, kind))
+        if is_traceable_wrapper_subclass(t):
+            # The wrapper has no storage to check: its inner tensors are
+            # what kernels read (see the module docstring).
+            inner_names, _ = t.__tensor_flatten__()
+            for inner in inner_names:
+                value = getattr(t, inner, None)
+                if isinstance(value, torch.Tensor):
+                    self.add(f"{name}.{inner}", value, kind, depth)
+        else:
+            self.out.append(NamedTensor(name, t, kind))
+        self.tensor_attrs.append((name, t, depth))
+
+    def add_object(self, name: str, obj: torch.ScriptObject, kind: str) -> None:
+        if id(obj) in self.entered:
+            return
+        self.entered.add(id(obj))
+        self.objects.append(NamedObject(name, obj, kind))
+
+    def pending_tensor_attrs(self) -> None:
+        """The attributes set on tensor objects (``param.quant_state``,
+        a wrapper's metadata), walked like a plain object's."""
+        i = 0
+        while i < len(self.tensor_attrs):  # walking may find more tensors
+            name, t, depth = self.tensor_attrs[i]
+            i += 1
+            if depth >= self.max_depth:
+                continue
+            try:
+                attrs = dict(vars(t))
+            except TypeError:
+                continue
+            for k, v in attrs.items():
+                self.value(f"{name}.{k}", v, depth + 1, "object")
 
     def module(self, prefix: str, m: torch.nn.Module) -> None:
         """Parameters and buffers of the whole tree first (so a tensor that is
@@ -140,7 +206,10 @@ class _Walker:
 
     def value(self, name: str, obj: Any, depth: int, kind: str) -> None:
         if isinstance(obj, torch.Tensor):
-            self.add(name, obj, kind)
+            self.add(name, obj, kind, depth)
+            return
+        if isinstance(obj, torch.ScriptObject):
+            self.add_object(name, obj, kind)
             return
         if isinstance(obj, torch.nn.Module):
             self.module(name, obj)  # a module held outside _modules
@@ -170,7 +239,10 @@ class _Walker:
                 self.value(f"{name}.keywords[{k!r}]", v, d, "partial")
             self.attributes(name, obj, d)
         elif isinstance(obj, types.MethodType):
-            self.function(name, obj.__func__, d)
+            if isinstance(obj.__func__, types.FunctionType):
+                self.function(name, obj.__func__, d)
+            else:  # any callable bound as a method (torchao binds a functools.partial)
+                self.value(f"{name}.__func__", obj.__func__, d, "object")
             self.value(f"{name}.__self__", obj.__self__, d, "object")
         elif isinstance(obj, types.FunctionType):
             self.function(name, obj, d)
@@ -216,21 +288,44 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
+def _walk(what: str, module: torch.nn.Module, max_depth: int) -> _Walker:
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"{what}: expected a torch.nn.Module, got {type(module).__name__}")
+    if max_depth < 0:
+        raise ValueError(f"{what}: max_depth must be >= 0, got {max_depth}")
+    w = _Walker(max_depth)
+    w.module("", module)
+    w.pending_tensor_attrs()
+    return w
+
+
 def named_tensors(module: torch.nn.Module, *, max_depth: int = DEFAULT_MAX_DEPTH) -> List[NamedTensor]:
     """Every distinct tensor reachable from ``module``, each once, under the
     first name it is found by: parameters and buffers of the whole module tree
     first (in ``named_parameters`` / ``named_buffers`` order), then tensor
     attributes, tensors in containers, ``functools.partial`` arguments,
-    closure cells and defaults of functions and bound methods, and attributes
-    of plain objects, following each reference at most ``max_depth`` hops
-    below a module attribute.
+    closure cells and defaults of functions and bound methods, attributes of
+    plain objects, and last attributes set on tensor objects, following each
+    reference at most ``max_depth`` hops below a module attribute.
+
+    A traceable wrapper subclass (``torch.utils._python_dispatch.
+    is_traceable_wrapper_subclass``) is not returned itself: its inner
+    tensors are, recursively, as ``<name>.<inner>`` with the names its
+    ``__tensor_flatten__`` gives.
 
     Raises ``TypeError`` if ``module`` is not a ``torch.nn.Module``.
     """
-    if not isinstance(module, torch.nn.Module):
-        raise TypeError(f"named_tensors: expected a torch.nn.Module, got {type(module).__name__}")
-    if max_depth < 0:
-        raise ValueError(f"named_tensors: max_depth must be >= 0, got {max_depth}")
-    w = _Walker(max_depth)
-    w.module("", module)
-    return w.out
+    return _walk("named_tensors", module, max_depth).out
+
+
+def named_objects(module: torch.nn.Module, *, max_depth: int = DEFAULT_MAX_DEPTH) -> List[NamedObject]:
+    """Every distinct TorchScript custom-class object (``torch.ScriptObject``:
+    fbgemm's packed linear weights, a ``torch.classes`` kernel handle)
+    reachable from ``module``, each once, under the first name it is found by
+    and by the same walk as ``named_tensors`` (attributes of modules and of
+    plain objects, containers, partials, closures). The objects are not
+    entered: what they hold is theirs.
+
+    Raises ``TypeError`` if ``module`` is not a ``torch.nn.Module``.
+    """
+    return _walk("named_objects", module, max_depth).objects

@@ -185,3 +185,179 @@ def test_a_forward_that_fails_mid_run_is_that_modes_error():
     assert not report.ok
     assert any("workspace exhausted" in e for e in report.errors), report.errors
     assert "error: " in report.table()
+
+
+# Bad input found by trying the check as a new user would (issue 19): each a
+# ReloadCheckError naming what to fix, or a correct verdict.
+
+
+@pytest.mark.parametrize("value", ["5", True, 2.5, None])
+def test_reloads_must_be_a_whole_number(value):
+    with pytest.raises(ReloadCheckError, match=rf"reloads must be an int, got {type(value).__name__} .*reloads=10"):
+        check_reload(sl.Transposed, torch.randn(8, 32), reloads=value)
+
+
+def test_seed_tolerance_modes_and_device_are_checked():
+    with pytest.raises(ReloadCheckError, match="seed must be an int, got str"):
+        check_reload(sl.Transposed, torch.randn(8, 32), seed="1")
+    with pytest.raises(ReloadCheckError, match="seed must be at least 0, got -1"):
+        check_reload(sl.Transposed, torch.randn(8, 32), seed=-1)
+    with pytest.raises(ReloadCheckError, match="memory_tolerance_bytes must be an int, got float"):
+        check_reload(sl.Transposed, torch.randn(8, 32), memory_tolerance_bytes=1.5)
+    with pytest.raises(ReloadCheckError, match=r"modes must be a sequence of modes, got the string 'normal': pass modes=\('normal',\)"):
+        check_reload(sl.Transposed, torch.randn(8, 32), modes="normal")
+    with pytest.raises(ReloadCheckError, match="device='gpu0' is not a device"):
+        check_reload(sl.Transposed, torch.randn(8, 32), device="gpu0")
+
+
+def test_a_numpy_integer_is_a_whole_number():
+    np = pytest.importorskip("numpy")
+    assert check_reload(sl.Transposed, torch.randn(8, 32), reloads=np.int64(2)).ok
+
+
+class _MetaBuilt(torch.nn.Module):
+    """Built on the meta device, as deferred initialisation and online
+    quantization build layers: its weights get memory when loaded."""
+
+    def __init__(self):
+        super().__init__()
+        with torch.device("meta"):
+            self.weight = torch.nn.Parameter(torch.empty(16, 32), requires_grad=False)
+
+    def forward(self, x):
+        return torch.mm(x, self.weight.t())
+
+
+def test_a_layer_built_on_the_meta_device_is_materialised_by_its_load():
+    report = check_reload(_MetaBuilt, torch.randn(8, 32), reloads=3)
+    assert report.ok, report.table()
+
+
+def test_a_tensor_left_on_the_meta_device_is_named():
+    class MetaBuffer(_MetaBuilt):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("table", torch.empty(32, device="meta"))
+
+        def forward(self, x):
+            return torch.mm(x * self.table, self.weight.t())
+
+    with pytest.raises(ReloadCheckError, match=r"buffer 'table' of MetaBuffer is still on the meta device \(float32\[32\], no data\)"):
+        check_reload(MetaBuffer, torch.randn(8, 32))
+    with pytest.raises(ReloadCheckError, match="parameter 'weight' .* is still on the meta device"):
+        check_reload(_MetaBuilt, torch.randn(8, 32), load=lambda layer, ckpt: None)
+
+
+def test_a_torch_nn_linear_made_on_meta_checks():
+    def factory():
+        with torch.device("meta"):
+            return torch.nn.Linear(32, 16)
+
+    assert check_reload(factory, torch.randn(8, 32), reloads=2).ok
+
+
+def _mkldnn_linear():
+    import torch.utils.mkldnn
+
+    return torch.utils.mkldnn.to_mkldnn(torch.nn.Linear(32, 16).eval())
+
+
+def test_mkldnn_weights_are_named_with_what_to_do():
+    with pytest.raises(ReloadCheckError) as e:
+        check_reload(_mkldnn_linear, torch.randn(8, 32))
+    msg = str(e.value)
+    assert "every parameter is empty" not in msg
+    assert "only buffers ('weight' (a mkldnn float32[16, 32] tensor)" in msg, msg
+    assert "make_checkpoint=" in msg and "keep 'weight' dense" in msg and "to_mkldnn" in msg, msg
+
+
+def test_sparse_and_quantized_parameters_are_named_with_what_to_do():
+    class Sparse(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.eye(32).to_sparse(), requires_grad=False)
+
+        def forward(self, x):
+            return torch.sparse.mm(self.weight, x.t()).t()
+
+    class Quantized(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            q = torch.quantize_per_tensor(torch.randn(16, 32), 0.1, 0, torch.qint8)
+            self.weight = torch.nn.Parameter(q, requires_grad=False)
+
+        def forward(self, x):
+            return torch.mm(x, self.weight.dequantize().t())
+
+    with pytest.raises(ReloadCheckError, match=r"parameter 'weight' is a sparse_coo float32\[32, 32\] tensor, from which no checkpoint can be drawn.*keep 'weight' a dense \(strided\) tensor.*make it sparse_coo in post-processing"):
+        check_reload(Sparse, torch.randn(8, 32))
+    with pytest.raises(ReloadCheckError, match=r"parameter 'weight' is a quantized qint8\[16, 32\] tensor.*quantize or pack it .* in post-processing"):
+        check_reload(Quantized, torch.randn(8, 32))
+
+
+def test_the_default_loader_refuses_to_write_into_an_mkldnn_tensor():
+    ckpt = lambda seed: {"weight": torch.randn(16, 32, generator=torch.Generator().manual_seed(seed))}  # noqa: E731
+    with pytest.raises(ReloadCheckError, match=r"the default loader cannot write the checkpoint's 'weight' into the layer's 'weight', a mkldnn float32\[16, 32\] tensor"):
+        check_reload(_mkldnn_linear, torch.randn(8, 32), make_checkpoint=ckpt)
+
+
+def test_nan_and_inf_at_the_same_places_are_equal():
+    class WithNan(sl.Transposed):
+        def forward(self, x):
+            y = super().forward(x)
+            y[:, 0] = float("nan")
+            y[:, 1] = float("inf")
+            y[:, 2] = float("-inf")
+            return y
+
+    report = check_reload(WithNan, torch.randn(8, 32), reloads=RELOADS)
+    assert report.ok, report.table()
+
+
+def test_a_forward_on_another_thread_is_an_error_that_says_so():
+    import concurrent.futures
+
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+
+    class OffThread(sl.Transposed):
+        def forward(self, x):
+            return pool.submit(lambda: torch.mm(x, self.weight.t())).result()
+
+    try:
+        report = check_reload(OffThread, torch.randn(8, 32), reloads=2)
+    finally:
+        pool.shutdown()
+    assert not report.ok
+    assert report.errors and all("another thread" in e for e in report.errors), report.errors
+
+
+def test_the_garbage_collector_is_left_as_it_was():
+    import gc
+
+    assert gc.get_freeze_count() == 0
+    assert _check(sl.Transposed).ok
+    assert gc.get_freeze_count() == 0  # what the check froze is unfrozen
+    keep = [object() for _ in range(10)]
+    gc.freeze()  # a caller's own frozen objects
+    try:
+        frozen = gc.get_freeze_count()
+        assert _check(sl.RebuiltScale, expect_violation="col_scale").ok
+        assert gc.get_freeze_count() == frozen  # neither unfrozen nor added to
+    finally:
+        gc.unfreeze()
+    del keep
+
+
+def test_a_cycle_made_by_a_reload_is_collected_before_memory_is_counted():
+    class Cyclic(sl.Transposed):
+        """Each post-processing makes a reference cycle that holds a copy of
+        the weight and drops it: only the collector frees the copy."""
+
+        def process_weights_after_loading(self):
+            super().process_weights_after_loading()
+            a, b = {}, {}
+            a["b"], b["a"] = b, a
+            a["copy"] = self.weight.detach().clone()
+
+    report = _check(Cyclic)
+    assert report.ok, report.table()

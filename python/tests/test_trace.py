@@ -122,3 +122,45 @@ def test_results_only_after_the_block_and_a_trace_is_entered_once():
     with pytest.raises(RuntimeError, match="entered once"):
         with tr:
             pass
+
+
+def test_a_trace_inside_another_records_in_both():
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    with reloadsafe.trace(nested=False) as outer:
+        torch.mm(a, b)
+        with reloadsafe.trace(nested=False) as inner:
+            torch.add(a, b)
+        torch.relu(a)
+    assert [op.name for op in inner.ops] == ["aten::add.Tensor"]
+    assert [op.name for op in outer.ops] == ["aten::mm", "aten::add.Tensor", "aten::relu"]
+
+
+def test_an_opaque_object_argument_is_an_object_read():
+    w = torch.quantize_per_tensor(torch.randn(16, 8), 0.1, 0, torch.qint8)
+    packed = torch.ops.quantized.linear_prepack(w, None)
+    layer = torch.nn.Module()
+    layer.packed = packed
+    x = torch.randn(2, 8)
+    with reloadsafe.trace() as t:
+        torch.ops.quantized.linear_dynamic(x, packed)
+    op = next(op for op in t.ops if op.name.startswith("quantized::linear_dynamic"))
+    assert [(o.arg, o.arg_name) for o in op.objects] == [(1, "W_prepack")]
+    assert op.objects[0].identity == reloadsafe._C.object_identity(packed)
+    assert "LinearPackedParamsBase" in op.objects[0].class_name
+    assert t.object_reads() == list(op.objects)
+    assert [(o.where, n) for o, n in t.named_object_reads(layer)] == [("quantized::linear_dynamic arg 1 (W_prepack)", "packed")]
+    assert "packed" in t.format(layer) and "LinearPackedParamsBase" in t.format(layer)
+
+
+def test_reads_of_tensors_without_storage_are_named_without_touching_them():
+    layer = torch.nn.Module()
+    layer.register_buffer("m", torch.randn(4, 4).to_mkldnn())
+    layer.s = torch.randn(4, 4).to_sparse()
+    layer.w = torch.randn(4, 4)
+    layer.empty = torch.empty(0)
+    with reloadsafe.trace() as t:
+        layer.m.to_dense()
+        torch.mm(layer.w, layer.w)
+    named = dict((r.where, n) for r, n in t.named_reads(layer))
+    assert named["aten::mm arg 0 (self)"] == "w"
+    assert t.format(layer)  # mkldnn, sparse and empty tensors in the module: no error

@@ -181,3 +181,65 @@ def test_tensors_are_the_modules_own_objects_not_copies():
     found = _names(layer)
     assert found["weight"].tensor is layer.weight
     assert found["kernel.keywords['scale']"].tensor is layer.kernel.keywords["scale"]
+
+
+def test_attributes_set_on_a_tensor_are_walked():
+    class QuantState:
+        def __init__(self):
+            self.absmax = torch.ones(4)
+            self.nested = types.SimpleNamespace(code=torch.zeros(16))
+
+    layer = torch.nn.Module()
+    layer.weight = torch.nn.Parameter(torch.zeros(4, 4), requires_grad=False)
+    layer.weight.quant_state = QuantState()
+    layer.weight.weight_loader = functools.partial(lambda p, t, s: None, s=torch.full((2,), 7.0))
+    layer.weight.alias = layer.weight  # a tensor reached twice keeps its declared name
+    found = _names(layer)
+    assert set(found) == {
+        "weight",
+        "weight.quant_state.absmax",
+        "weight.quant_state.nested.code",
+        "weight.weight_loader.keywords['s']",
+    }
+    for name, nt in found.items():
+        assert _reach(layer, name) is nt.tensor, name
+    assert found["weight.quant_state.absmax"].kind == "object" and found["weight"].kind == "parameter"
+
+
+def test_a_method_bound_over_a_partial_is_walked():
+    layer = torch.nn.Module()
+    t = torch.zeros(3)
+    layer.fn = types.MethodType(functools.partial(lambda self, x, w: x + w, w=t), layer)
+    found = _names(layer)
+    assert list(found) == ["fn.__func__.keywords['w']"]
+    assert _reach(layer, "fn.__func__.keywords['w']") is t
+
+
+def _packed(n=4):
+    w = torch.quantize_per_tensor(torch.randn(n, 8), 0.1, 0, torch.qint8)
+    return torch.ops.quantized.linear_prepack(w, None)
+
+
+def test_named_objects_finds_torchbind_objects_where_tensors_are_found():
+    layer = torch.nn.Module()
+    layer.weight = torch.nn.Parameter(torch.zeros(2), requires_grad=False)
+    layer.packed = _packed()
+    layer.kernels = [_packed(), {"k": _packed()}]
+    layer.fn = functools.partial(torch.ops.quantized.linear_dynamic, W_prepack=_packed())
+    layer.twice = layer.packed
+    sub = torch.nn.Module()
+    sub.inner = _packed()
+    layer.sub = sub
+    objects = reloadsafe.named_objects(layer)
+    names = [o.name for o in objects]
+    assert names == ["packed", "kernels[0]", "kernels[1]['k']", "fn.keywords['W_prepack']", "sub.inner"]
+    for o in objects:
+        assert isinstance(o.obj, torch.ScriptObject) and _reach(layer, o.name) is o.obj, o.name
+    assert {o.kind for o in objects} == {"attribute", "container", "partial"}
+    # Objects are not tensors: named_tensors leaves them out.
+    assert list(_names(layer)) == ["weight"]
+
+
+def test_named_objects_of_not_a_module_is_a_type_error():
+    with pytest.raises(TypeError, match="named_objects: expected a torch.nn.Module, got list"):
+        reloadsafe.named_objects([_packed()])

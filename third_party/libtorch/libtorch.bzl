@@ -1,13 +1,21 @@
 """Repository rule that finds LibTorch and exposes it as @libtorch.
 
+Any torch from SUPPORTED_TORCH[0] to SUPPORTED_TORCH[1] (2.11 to 2.15) is
+accepted; the rule reads the version of the one it finds and picks what that
+version needs (the C++ standard, see CXX_STANDARDS). Outside the range the
+fetch stops with an error naming the range. The C++ ABI, the CUDA runtime
+libraries and the Python version follow the torch that is found.
+
 Where LibTorch comes from, first match wins:
   1. RELOADSAFE_LIBTORCH: an unpacked LibTorch distribution, or the `torch`
      folder of a Python installation (both have include/ and lib/).
   2. RELOADSAFE_PYTHON (the interpreter //python's extension is built for,
      see third_party/python/python.bzl): that interpreter's `torch` package.
-  3. The `torch` package of the Python environment that tools/setup.sh creates
+  3. The `torch` package of a Python environment that tools/setup.sh creates
      in the per-machine cache:
-     ${RELOADSAFE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/reloadsafe}/venv/lib/python3.*/site-packages/torch.
+     ${RELOADSAFE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/reloadsafe}/${RELOADSAFE_VENV:-venv}/lib/python3.*/site-packages/torch
+     (`venv` holds the default torch; `--config=torch2.15` in .bazelrc sets
+     RELOADSAFE_VENV=venv-torch2.15, the newest).
      One torch for both sides: the Python extension (//python) and the C++
      binaries load the very libraries `import torch` loads.
 
@@ -22,10 +30,37 @@ The rule declares the variables it reads, so Bazel reruns it when they change.
 Targets:
   @libtorch//:torch_cpu   ATen, c10 and the C++ frontend, CPU libraries only.
   @libtorch//:torch_cuda  adds libtorch_cuda and libc10_cuda.
-  @libtorch//:version.bzl LIBTORCH_VERSION, as the installation reports it.
+  @libtorch//:version.bzl LIBTORCH_VERSION, as the installation reports it
+                          (2.15.0+cu132); LIBTORCH_SERIES ("2.15");
+                          LIBTORCH_CXX_STANDARD ("c++20"); LIBTORCH_COPTS, the
+                          compile options every C++ source that includes
+                          LibTorch's headers needs (tools/defs.bzl adds them to
+                          every target of the project; a backend author's own
+                          targets get them from reload_backend, or can load them).
 """
 
-_ENV = ["RELOADSAFE_LIBTORCH", "RELOADSAFE_PYTHON", "RELOADSAFE_CACHE", "XDG_CACHE_HOME", "HOME", "CUDA_HOME", "CUDA_PATH"]
+# The torch releases this project builds against and tests: the oldest is the
+# GPU test machine's, the newest the registry's newest. tools/test.sh tests
+# both ends (tools/setup.sh installs them).
+SUPPORTED_TORCH = ((2, 11), (2, 15))
+
+# The C++ standard each torch series' headers need, oldest first: the first
+# entry whose series is not newer than the torch found applies.
+#
+# torch 2.14 is the first that needs C++20: its ATen/ATen.h and
+# torch/csrc/api/include/torch/all.h stop with "#error C++20 or later
+# compatible compiler is required", and its c10/util/intrusive_ptr.h defines
+# operator<=> returning std::strong_ordering (2.15's c10 adds std::bit_width
+# and requires-clauses). 2.11, 2.12 and 2.13 ask for C++17. Established by
+# compiling a translation unit that includes <torch/torch.h> with g++ 12, as
+# -std=c++17 and as -std=c++20, against each release's wheel headers: C++17
+# compiles for 2.11-2.13 and fails for 2.14 and 2.15; C++20 compiles for all.
+CXX_STANDARDS = [
+    ((2, 14), "c++20"),
+    ((0, 0), "c++17"),
+]
+
+_ENV = ["RELOADSAFE_LIBTORCH", "RELOADSAFE_PYTHON", "RELOADSAFE_VENV", "RELOADSAFE_CACHE", "XDG_CACHE_HOME", "HOME", "CUDA_HOME", "CUDA_PATH"]
 
 def _cache_dir(env):
     if env.get("RELOADSAFE_CACHE"):
@@ -50,16 +85,64 @@ def _read_version(rctx, root):
                     return line.split("=")[1].strip().strip("'\"")
     return "unknown"
 
-def _venv_torch(rctx, cache):
-    """The torch package folder of $CACHE/venv, or the path it would have."""
-    lib = rctx.path(cache + "/venv/lib")
+def parse_series(version):
+    """(major, minor) of a torch version string ("2.15.0+cu132", "2.14.0a0"),
+    or None if it does not start with two dot-separated numbers."""
+    parts = version.split("+")[0].split(".")
+    if len(parts) < 2:
+        return None
+    digits = [parts[0], ""]
+    for ch in parts[1].elems():
+        if not ch.isdigit():
+            break
+        digits[1] += ch
+    if not digits[0].isdigit() or not digits[1]:
+        return None
+    return (int(digits[0]), int(digits[1]))
+
+def cxx_standard(series):
+    """The C++ standard (a -std= value) torch `series` needs (CXX_STANDARDS)."""
+    for first, standard in CXX_STANDARDS:
+        if series >= first:
+            return standard
+    fail("CXX_STANDARDS has no entry for torch %d.%d" % series)
+
+def _header_standard(rctx):
+    """The standard ATen/ATen.h itself demands ("c++20" for "#error C++20 or
+    later ..."), or None. A guard for a LibTorch built from source whose
+    requirement moved ahead of its version number."""
+    p = rctx.path("include/ATen/ATen.h")
+    if not p.exists:
+        return None
+    for line in rctx.read(p).splitlines():
+        if line.startswith("#error C++") and " or later" in line:
+            return "c++" + line[len("#error C++"):].split(" ")[0]
+    return None
+
+def _std_year(standard):
+    """17 for "c++17"; C++ standards sort by their (two-digit) year."""
+    return int(standard[len("c++"):])
+
+def _series_text(series):
+    return "%d.%d" % series
+
+def _venv_dir(env, cache):
+    """The cache's Python environment: RELOADSAFE_VENV (a folder name in the
+    cache, or an absolute path), by default `venv`."""
+    name = env.get("RELOADSAFE_VENV", "") or "venv"
+    return name if name.startswith("/") else cache + "/" + name
+
+def _venv_torch(rctx, venv):
+    """The torch package folder of Python environment `venv`, or the path it
+    would have."""
+    lib = rctx.path(venv + "/lib")
     if lib.exists:
         for d in sorted([str(p) for p in lib.readdir()]):
             if d.split("/")[-1].startswith("python3"):
                 candidate = d + "/site-packages/torch"
                 if rctx.path(candidate).exists:
                     return candidate
-    return cache + "/venv/lib/python3/site-packages/torch"
+    return venv + "/lib/python3/site-packages/torch"
 
 def _python_torch(rctx, python):
     """The torch package folder of interpreter `python`, found without
@@ -97,7 +180,6 @@ def _runtime_lib_dirs(rctx, env, root):
 
 def _libtorch_impl(rctx):
     env = rctx.os.environ
-    version = rctx.attr.version
     cache = _cache_dir(env)
     root = env.get("RELOADSAFE_LIBTORCH", "")
     source = "RELOADSAFE_LIBTORCH"
@@ -105,20 +187,33 @@ def _libtorch_impl(rctx):
         root = _python_torch(rctx, env["RELOADSAFE_PYTHON"])
         source = "RELOADSAFE_PYTHON"
     if not root:
-        root = _venv_torch(rctx, cache)
-        source = "the Python environment of the reloadsafe cache"
+        venv = _venv_dir(env, cache)
+        root = _venv_torch(rctx, venv)
+        source = "the Python environment %s" % venv
+    lo, hi = SUPPORTED_TORCH
+    supported = "torch %s to %s" % (_series_text(lo), _series_text(hi))
     for sub in ["include", "lib"]:
         if not rctx.path(root + "/" + sub).exists:
             fail(("LibTorch not found at %s (from %s): %s/ is missing. Run tools/setup.sh " +
-                  "to install torch %s in its Python environment, or set RELOADSAFE_LIBTORCH to an " +
-                  "unpacked LibTorch or a torch package folder.") % (root, source, sub, version))
+                  "to install it in the cache's Python environments, or set RELOADSAFE_PYTHON to a " +
+                  "Python with %s, or RELOADSAFE_LIBTORCH to an unpacked LibTorch or a torch " +
+                  "package folder.") % (root, source, sub, supported))
     rctx.symlink(root + "/include", "include")
     rctx.symlink(root + "/lib", "lib")
     found_version = _read_version(rctx, root)
-    if source != "RELOADSAFE_LIBTORCH" and not found_version.startswith(version):
-        fix = "rerun tools/setup.sh" if source != "RELOADSAFE_PYTHON" else "install torch==%s there" % version
-        fail("The torch package at %s (from %s) is %s, not the pinned %s: %s." %
-             (root, source, found_version, version, fix))
+    series = parse_series(found_version)
+    if series == None:
+        fail(("Could not read the torch version of %s (from %s): it has no version.py or " +
+              "build-version. reloadsafe supports %s.") % (root, source, supported))
+    if series < lo or series > hi:
+        fail(("The torch at %s (from %s) is %s; reloadsafe supports %s: install one of " +
+              "those there (pip install 'torch>=%s,<%d.%d'), or point RELOADSAFE_PYTHON or " +
+              "RELOADSAFE_LIBTORCH at one.") %
+             (root, source, found_version, supported, _series_text(lo), hi[0], hi[1] + 1))
+    standard = cxx_standard(series)
+    demanded = _header_standard(rctx)
+    if demanded != None and _std_year(demanded) > _std_year(standard):
+        standard = demanded
 
     runtime_dirs = _runtime_lib_dirs(rctx, env, root)
     lib = str(rctx.path("lib").realpath)
@@ -129,7 +224,14 @@ def _libtorch_impl(rctx):
     for d in runtime_dirs:
         rpaths += ["-Wl,-rpath," + d, "-Wl,-rpath-link," + d]
 
-    rctx.file("version.bzl", "LIBTORCH_VERSION = %r\nLIBTORCH_ROOT = %r\n" % (found_version, root))
+    rctx.file("version.bzl", "\n".join([
+        "LIBTORCH_VERSION = %r" % found_version,
+        "LIBTORCH_SERIES = %r" % _series_text(series),
+        "LIBTORCH_ROOT = %r" % root,
+        "LIBTORCH_CXX_STANDARD = %r" % standard,
+        "LIBTORCH_COPTS = %r" % ["-std=" + standard],
+        "",
+    ]))
     rctx.template("BUILD.bazel", rctx.attr._build_tpl, {
         "%{RPATHS}": repr(rpaths),
     })
@@ -137,7 +239,6 @@ def _libtorch_impl(rctx):
 libtorch_repository = repository_rule(
     implementation = _libtorch_impl,
     attrs = {
-        "version": attr.string(mandatory = True),
         "_build_tpl": attr.label(default = "//third_party/libtorch:BUILD.libtorch.tpl"),
     },
     environ = _ENV,

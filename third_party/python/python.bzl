@@ -3,9 +3,11 @@ and exposes its headers as @local_python.
 
 Which interpreter, first match wins:
   1. RELOADSAFE_PYTHON: a Python executable (for example your own virtual
-     environment's `bin/python`, with torch 2.11 installed in it).
-  2. The Python environment tools/setup.sh creates in the per-machine cache:
-     ${RELOADSAFE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/reloadsafe}/venv/bin/python.
+     environment's `bin/python`, with a torch from 2.11 to 2.15 installed in it).
+  2. A Python environment tools/setup.sh creates in the per-machine cache:
+     ${RELOADSAFE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/reloadsafe}/${RELOADSAFE_VENV:-venv}/bin/python
+     (RELOADSAFE_VENV: a folder name in the cache or an absolute path; the
+     same variable picks @libtorch's torch, see libtorch.bzl).
 
 The rule asks the interpreter for its header folder, extension suffix and wheel
 tags (sysconfig; torch is located without being imported). It declares the
@@ -21,7 +23,7 @@ Targets:
                             TORCH_DIR (that interpreter's torch package or "").
 """
 
-_ENV = ["RELOADSAFE_PYTHON", "RELOADSAFE_CACHE", "XDG_CACHE_HOME", "HOME"]
+_ENV = ["RELOADSAFE_PYTHON", "RELOADSAFE_VENV", "RELOADSAFE_CACHE", "XDG_CACHE_HOME", "HOME"]
 
 _QUERY = """
 import importlib.util, sys, sysconfig
@@ -62,7 +64,8 @@ def _python_impl(rctx):
         cache = _cache_dir(env)
         if cache == None:
             return _dummy(rctx, "neither RELOADSAFE_PYTHON, RELOADSAFE_CACHE, XDG_CACHE_HOME nor HOME is set")
-        py = cache + "/venv/bin/python"
+        venv = env.get("RELOADSAFE_VENV", "") or "venv"
+        py = (venv if venv.startswith("/") else cache + "/" + venv) + "/bin/python"
     if not rctx.path(py).exists:
         return _dummy(rctx, "no Python interpreter at %s: run tools/setup.sh or set RELOADSAFE_PYTHON" % py)
     res = rctx.execute([py, "-c", _QUERY])

@@ -1,0 +1,173 @@
+// harness_test_main.cc: the reload harness as a GoogleTest binary, the main
+// of every reload_harness_test (conformance/harness/defs.bzl).
+//
+// Each backend linked into the binary (RELOADSAFE_REGISTER_BACKEND, in a
+// library linked whole) becomes one test: ReloadHarness.<name> for a sample,
+// ReloadHarnessControl.<name> for a negative control. A test runs the reload
+// protocol in both modes (harness.h) and fails when a sample loses an address,
+// a read, its values or its memory bound in a mode it claims, or when a
+// negative control goes unflagged; its failure message is the backend's table
+// with every violation listed. After the tests, the table of every backend is
+// printed (so it is in Bazel's test log), and the JSON report goes to
+// $TEST_UNDECLARED_OUTPUTS_DIR/harness.json. GoogleTest writes the XML where
+// Bazel asks for it (GTEST_OUTPUT).
+//
+//   harness_test [--reloads N] [--device cpu|cuda[:I]] [--seed S] [--no-trace] [gtest flags]
+//
+// Exit status: 0 when every test passed, 1 when one failed or no backend was
+// linked, 2 on bad arguments.
+#include "conformance/harness/harness.h"
+
+#include <ATen/Context.h>
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <charconv>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace reloadsafe::harness {
+namespace {
+
+constexpr const char* kUsage =
+    "usage: harness_test [--reloads N] [--device cpu|cuda[:I]] [--seed S] [--no-trace] "
+    "[gtest flags]\n";
+
+[[noreturn]] void bad_argument(const std::string& message) {
+  std::cerr << "harness_test: " << message << "\n" << kUsage;
+  std::exit(2);
+}
+
+template <typename T>
+T parse_number(const std::string& flag, const std::string& text, T min) {
+  T value{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || value < min) {
+    bad_argument(flag + " takes an integer >= " + std::to_string(min) + ", not '" + text + "'");
+  }
+  return value;
+}
+
+c10::Device parse_device(const std::string& text) {
+  try {
+    c10::Device device(text);
+    if (device.is_cpu() || device.is_cuda()) return device;
+  } catch (const c10::Error&) {
+  }
+  bad_argument("--device takes cpu or cuda[:I], not '" + text + "'");
+}
+
+/// The options of the run, from the arguments GoogleTest left.
+RunOptions parse_options(int argc, char** argv) {
+  RunOptions options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) bad_argument(arg + " needs a value");
+      return argv[++i];
+    };
+    if (arg == "--reloads") {
+      options.reloads = parse_number<int>(arg, value(), 1);
+    } else if (arg == "--device") {
+      options.device = parse_device(value());
+    } else if (arg == "--seed") {
+      options.seed = parse_number<uint64_t>(arg, value(), 0);
+    } else if (arg == "--no-trace") {
+      options.trace = false;
+    } else {
+      bad_argument("unknown argument " + arg);
+    }
+  }
+  return options;
+}
+
+/// A test name GoogleTest accepts: letters, digits and underscores.
+std::string test_name(const std::string& backend) {
+  std::string out;
+  for (char c : backend) out += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  return out.empty() ? "unnamed" : out;
+}
+
+/// One backend through the protocol; its report is kept for the final table.
+class BackendTest : public testing::Test {
+ public:
+  BackendTest(std::shared_ptr<const Backend> backend, const RunOptions& options,
+              std::vector<BackendReport>& reports)
+      : backend_(std::move(backend)), options_(options), reports_(reports) {}
+
+  void TestBody() override {
+    if (options_.device.is_cuda() && !at::hasCUDA()) {
+      GTEST_SKIP() << "--device " << options_.device << " but no CUDA device is visible";
+    }
+    BackendReport report = run_backend(*backend_, options_);
+    reports_.push_back(report);
+    RecordProperty("verdict", report.ok() ? "ok" : "FAIL");
+    if (report.negative_control) {
+      RecordProperty("expected_violation", report.expected_violation);
+      EXPECT_TRUE(report.ok()) << "negative control " << report.name
+                               << " was not flagged with '" << report.expected_violation
+                               << "':\n"
+                               << to_table({report});
+    } else {
+      EXPECT_TRUE(report.ok()) << report.name << " did not keep its addresses:\n"
+                               << to_table({report});
+    }
+  }
+
+ private:
+  std::shared_ptr<const Backend> backend_;
+  RunOptions options_;
+  std::vector<BackendReport>& reports_;
+};
+
+// Registered when no backend is linked: a harness test over nothing must fail.
+class NoBackendTest : public testing::Test {
+ public:
+  void TestBody() override {
+    ADD_FAILURE() << "no backend is registered in this binary: end each backend's source with "
+                     "RELOADSAFE_REGISTER_BACKEND(Type); and build it with reload_backend "
+                     "(or a cc_library with alwayslink = True) so its registration is linked";
+  }
+};
+
+void write_json(const std::vector<BackendReport>& reports, const RunOptions& options) {
+  const char* dir = std::getenv("TEST_UNDECLARED_OUTPUTS_DIR");
+  if (dir == nullptr || reports.empty()) return;
+  const std::string path = std::string(dir) + "/harness.json";
+  std::ofstream out(path);
+  out << to_json(reports, options) << "\n";
+  if (!out) std::cerr << "harness_test: cannot write " << path << "\n";
+}
+
+}  // namespace
+}  // namespace reloadsafe::harness
+
+int main(int argc, char** argv) {
+  using namespace reloadsafe::harness;
+  testing::InitGoogleTest(&argc, argv);  // removes the gtest flags it knows
+  const RunOptions options = parse_options(argc, argv);
+  std::vector<BackendReport> reports;
+  auto backends = BackendRegistry::instance().create_all();
+  for (auto& owned : backends) {
+    std::shared_ptr<const Backend> backend = std::move(owned);
+    const char* suite = backend->negative_control() ? "ReloadHarnessControl" : "ReloadHarness";
+    testing::RegisterTest(suite, test_name(backend->name()).c_str(), nullptr, nullptr, __FILE__,
+                          __LINE__, [backend, &options, &reports]() -> testing::Test* {
+                            return new BackendTest(backend, options, reports);
+                          });
+  }
+  if (backends.empty()) {
+    testing::RegisterTest("ReloadHarness", "HasBackends", nullptr, nullptr, __FILE__, __LINE__,
+                          []() -> testing::Test* { return new NoBackendTest(); });
+  }
+  const int status = RUN_ALL_TESTS();
+  if (!reports.empty()) {
+    std::cout << "\n" << to_table(reports);
+    write_json(reports, options);
+  }
+  return status;
+}
