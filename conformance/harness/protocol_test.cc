@@ -1,0 +1,96 @@
+// The protocol on hand-written subjects: what it computes once and what it
+// must still compute per mode (Note [One cold load per checkpoint] in
+// protocol.cc).
+#include "conformance/harness/protocol.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace reloadsafe::harness {
+namespace {
+
+// y = x @ w^T with w loaded in place; counts the cold loads it is asked for.
+class CountingSubject : public ReloadSubject {
+ public:
+  std::string name() const override { return "counting"; }
+  Checkpoint make_checkpoint(uint64_t seed) override {
+    // With `vary`, the same seed gives other values on every call.
+    at::Generator gen = at::detail::createCPUGenerator(vary ? seed + 7 * ++draws : seed);
+    return {{"w", at::randn({8, 16}, gen)}};
+  }
+  void cold_load(const Checkpoint& ckpt) override { w_ = ckpt.at("w").clone(); }
+  void reload(const Checkpoint& ckpt, ReloadMode mode) override {
+    w_.copy_(ckpt.at("w"));
+    if (wrong_in_direct && mode == ReloadMode::kDirect) w_.add_(1.0);
+  }
+  at::Tensor forward(const at::Tensor& x) override { return at::mm(x, w_.t()); }
+  at::Tensor fresh_forward(const Checkpoint& ckpt, const at::Tensor& x) override {
+    ++cold_forwards;
+    return at::mm(x, ckpt.at("w").clone().t());
+  }
+  std::vector<NamedTensor> named_tensors() override { return {{"w", w_, true}}; }
+  at::Tensor make_input(uint64_t seed) override {
+    at::Generator gen = at::detail::createCPUGenerator(seed);
+    return at::randn({4, 16}, gen);
+  }
+  void release() override { w_ = at::Tensor(); }
+
+  bool vary = false;
+  bool wrong_in_direct = false;
+  int draws = 0;
+  int cold_forwards = 0;
+
+ private:
+  at::Tensor w_;
+};
+
+RunOptions options(int reloads, bool trace) {
+  RunOptions o;
+  o.reloads = reloads;
+  o.trace = trace;
+  return o;
+}
+
+TEST(Protocol, TheSecondModeReusesTheFirstModesColdLoadsOfTheSameCheckpoints) {
+  for (bool trace : {true, false}) {
+    SCOPED_TRACE(trace ? "traced" : "untraced");
+    CountingSubject subject;
+    const BackendReport report = run_subject(subject, options(6, trace));
+    EXPECT_TRUE(report.ok()) << to_table({report});
+    EXPECT_EQ(subject.cold_forwards, 6) << "one cold load per checkpoint, not per mode";
+    for (const ModeReport& m : report.modes) {
+      ASSERT_EQ(m.memory_bytes.size(), 7u);
+      // The kept outputs are the protocol's: no growth is counted for them.
+      EXPECT_EQ(m.memory_bytes[1], m.memory_bytes.back()) << to_string(m.mode);
+    }
+  }
+}
+
+TEST(Protocol, CheckpointsThatDifferForTheSameSeedGetColdLoadsOfTheirOwn) {
+  CountingSubject subject;
+  subject.vary = true;
+  const BackendReport report = run_subject(subject, options(5, true));
+  EXPECT_TRUE(report.ok()) << to_table({report});
+  EXPECT_EQ(subject.cold_forwards, 10);
+}
+
+TEST(Protocol, AWrongReloadInTheSecondModeIsFlaggedAgainstTheKeptColdLoad) {
+  CountingSubject subject;
+  subject.wrong_in_direct = true;
+  const BackendReport report = run_subject(subject, options(4, true));
+  ASSERT_EQ(report.modes.size(), 2u);
+  EXPECT_EQ(report.modes[0].violation_count, 0) << to_table({report});
+  const ModeReport& direct = report.modes[1];
+  EXPECT_EQ(direct.mode, ReloadMode::kDirect);
+  ASSERT_FALSE(direct.violations.empty());
+  bool forward = false;
+  for (const Violation& v : direct.violations) forward = forward || v.tensor == "forward";
+  EXPECT_TRUE(forward) << to_table({report});
+  EXPECT_EQ(subject.cold_forwards, 4);
+}
+
+}  // namespace
+}  // namespace reloadsafe::harness
