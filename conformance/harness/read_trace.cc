@@ -310,10 +310,13 @@ bool ReadTrace::existed_before(const TensorRead& r) const {
 void ReadTrace::note_result(const at::Tensor& t) {
   if (!has_plain_storage(t)) return;
   const c10::Storage& storage = t.storage();
+  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+  // Seen already (an in-place op's result, a view of an argument): nothing
+  // to make, not even the weak reference.
+  if (seen_.find(impl) != seen_.end()) return;
   // First seen as a result: made inside the scope.
-  seen_.emplace(
-      storage.unsafeGetStorageImpl(),
-      Seen{false, c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl())});
+  seen_.emplace(impl, Seen{false, c10::weak_intrusive_ptr<c10::StorageImpl>(
+                                      storage.getWeakStorageImpl())});
 }
 
 void ReadTrace::add_object(OpCall& call, const c10::IValue& v, int arg,
@@ -411,21 +414,23 @@ void ReadTrace::end_call(const c10::OperatorHandle& op, const torch::jit::Stack&
   c10::impl::ExcludeDispatchKeyGuard off(kTraceKey);
   const size_t num_returns = op.schema().returns().size();
   TORCH_INTERNAL_ASSERT(stack.size() >= num_returns);
-  std::vector<const c10::StorageImpl*> returned;
+  c10::SmallVector<const c10::StorageImpl*, 4> returned;
+  auto result = [&](const at::Tensor& t) {
+    note_result(t);
+    if (has_plain_storage(t)) returned.push_back(t.storage().unsafeGetStorageImpl());
+  };
   for (size_t i = stack.size() - num_returns; i < stack.size(); ++i) {
     const c10::IValue& v = stack[i];
-    std::vector<at::Tensor> results;
     if (v.isTensor()) {
-      results.push_back(v.toTensor());
+      result(v.toTensor());  // no list made for the common single result
     } else if (v.isTensorList()) {
-      results = v.toTensorList().vec();
-    }
-    for (const at::Tensor& t : results) {
-      note_result(t);
-      if (has_plain_storage(t)) returned.push_back(t.storage().unsafeGetStorageImpl());
+      for (const at::Tensor& t : v.toTensorList().vec()) result(t);
     }
   }
-  if (depth_ == 0 && !pending_.empty()) resolve_pending(progress.op_index, returned);
+  if (depth_ == 0 && !pending_.empty()) {
+    resolve_pending(progress.op_index,
+                    std::vector<const c10::StorageImpl*>(returned.begin(), returned.end()));
+  }
   if (options_.hold_arguments && depth_ == 0) {
     held_.push_back(HeldCall{op, std::move(progress.held_inputs),
                              std::vector<c10::IValue>(stack.end() - num_returns, stack.end())});
