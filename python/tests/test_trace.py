@@ -136,19 +136,20 @@ def test_a_trace_inside_another_records_in_both():
 
 
 def test_an_opaque_object_argument_is_an_object_read():
-    w = torch.quantize_per_tensor(torch.randn(16, 8), 0.1, 0, torch.qint8)
-    packed = torch.ops.quantized.linear_prepack(w, None)
+    # fbgemm's fp16 packing: a LinearPackedParamsBase without a quantized
+    # tensor (creating qint8 tensors is deprecated from torch 2.15).
+    packed = torch.ops.quantized.linear_prepack_fp16(torch.randn(16, 8), None)
     layer = torch.nn.Module()
     layer.packed = packed
     x = torch.randn(2, 8)
     with reloadsafe.trace() as t:
-        torch.ops.quantized.linear_dynamic(x, packed)
-    op = next(op for op in t.ops if op.name.startswith("quantized::linear_dynamic"))
+        torch.ops.quantized.linear_dynamic_fp16(x, packed)
+    op = next(op for op in t.ops if op.name.startswith("quantized::linear_dynamic_fp16"))
     assert [(o.arg, o.arg_name) for o in op.objects] == [(1, "W_prepack")]
     assert op.objects[0].identity == reloadsafe._C.object_identity(packed)
     assert "LinearPackedParamsBase" in op.objects[0].class_name
     assert t.object_reads() == list(op.objects)
-    assert [(o.where, n) for o, n in t.named_object_reads(layer)] == [("quantized::linear_dynamic arg 1 (W_prepack)", "packed")]
+    assert [(o.where, n) for o, n in t.named_object_reads(layer)] == [("quantized::linear_dynamic_fp16 arg 1 (W_prepack)", "packed")]
     assert "packed" in t.format(layer) and "LinearPackedParamsBase" in t.format(layer)
 
 

@@ -216,8 +216,9 @@ def test_a_method_bound_over_a_partial_is_walked():
 
 
 def _packed(n=4):
-    w = torch.quantize_per_tensor(torch.randn(n, 8), 0.1, 0, torch.qint8)
-    return torch.ops.quantized.linear_prepack(w, None)
+    # A TorchBind object (LinearPackedParamsBase) from fbgemm's fp16 packing,
+    # which needs no quantized tensor (deprecated from torch 2.15).
+    return torch.ops.quantized.linear_prepack_fp16(torch.randn(n, 8), None)
 
 
 def test_named_objects_finds_torchbind_objects_where_tensors_are_found():
@@ -225,7 +226,7 @@ def test_named_objects_finds_torchbind_objects_where_tensors_are_found():
     layer.weight = torch.nn.Parameter(torch.zeros(2), requires_grad=False)
     layer.packed = _packed()
     layer.kernels = [_packed(), {"k": _packed()}]
-    layer.fn = functools.partial(torch.ops.quantized.linear_dynamic, W_prepack=_packed())
+    layer.fn = functools.partial(torch.ops.quantized.linear_dynamic_fp16, W_prepack=_packed())
     layer.twice = layer.packed
     sub = torch.nn.Module()
     sub.inner = _packed()

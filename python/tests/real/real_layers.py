@@ -298,10 +298,31 @@ class FirstForwardRepackInPlace(FirstForwardRepackRebuilt):
 # beside the dense weights it does reload.
 
 
+#
+# torch 2.15 deprecates creating quantized (qint8) tensors, which the int8
+# packing needs: from 2.15 on, the layers pack with fbgemm's fp16 variant
+# instead (linear_prepack_fp16 of the float weight: the same
+# LinearPackedParamsBase class, read by quantized::linear_dynamic_fp16), and
+# quantize_dynamic quantizes to float16.
+QUANTIZED_TENSORS_DEPRECATED = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 15)
+#: the op that reads a packed object, and the dtype quantize_dynamic packs to
+LINEAR_DYNAMIC = "quantized::linear_dynamic_fp16" if QUANTIZED_TENSORS_DEPRECATED else "quantized::linear_dynamic"
+_DYNAMIC_DTYPE = torch.float16 if QUANTIZED_TENSORS_DEPRECATED else torch.qint8
+
+
 def _prepack(weight: torch.Tensor, bias: Optional[torch.Tensor]) -> Any:
+    b = None if bias is None else bias.detach()
+    if QUANTIZED_TENSORS_DEPRECATED:
+        return torch.ops.quantized.linear_prepack_fp16(weight.detach(), b)
     scale = float(weight.abs().max().clamp_min(1e-8)) / 127.0
     qw = torch.quantize_per_tensor(weight.detach(), scale, 0, torch.qint8)
-    return torch.ops.quantized.linear_prepack(qw, None if bias is None else bias.detach())
+    return torch.ops.quantized.linear_prepack(qw, b)
+
+
+def _linear_dynamic(x: torch.Tensor, packed: Any) -> torch.Tensor:
+    if QUANTIZED_TENSORS_DEPRECATED:
+        return torch.ops.quantized.linear_dynamic_fp16(x, packed)
+    return torch.ops.quantized.linear_dynamic(x, packed)
 
 
 def _fixed_weight(seed: int, *shape: int) -> torch.Tensor:
@@ -312,14 +333,14 @@ class FbgemmPrepackRebuilt(_RealLayer):
     """fbgemm: linear_prepack on every post-processing, the new packed
     object bound as ``packed``; the forward is one linear_dynamic."""
 
-    expected = "quantized::linear_dynamic"
+    expected = LINEAR_DYNAMIC
     expected_all = ("packed",)
 
     def process_weights_after_loading(self) -> None:
         self.packed = _prepack(self.weight, self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.quantized.linear_dynamic(x, self.packed)
+        return _linear_dynamic(x, self.packed)
 
 
 class FbgemmPrepackKept(_RealLayer):
@@ -332,7 +353,7 @@ class FbgemmPrepackKept(_RealLayer):
         self.packed = _prepack(_fixed_weight(11, OUT, IN), None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.quantized.linear_dynamic(x, self.packed) + F.linear(x, self.weight, self.bias)
+        return _linear_dynamic(x, self.packed) + F.linear(x, self.weight, self.bias)
 
 
 def _quantize_dynamic(weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.nn.Module:
@@ -340,14 +361,14 @@ def _quantize_dynamic(weight: torch.Tensor, bias: Optional[torch.Tensor]) -> tor
     lin.weight.data = weight.detach().clone()
     if bias is not None:
         lin.bias.data = bias.detach().clone()
-    return torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(lin), {torch.nn.Linear}, dtype=torch.qint8)[0]
+    return torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(lin), {torch.nn.Linear}, dtype=_DYNAMIC_DTYPE)[0]
 
 
 class QuantizeDynamicRebuilt(_RealLayer):
     """torch.ao quantize_dynamic (fbgemm) on every post-processing: a new
     dynamic quantized Linear, whose packed params are a new object."""
 
-    expected = "quantized::linear_dynamic"
+    expected = LINEAR_DYNAMIC
     expected_all = ("q._packed_params._packed_params",)
 
     def process_weights_after_loading(self) -> None:

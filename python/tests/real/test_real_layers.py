@@ -64,7 +64,7 @@ def test_a_repacked_fbgemm_object_is_a_replaced_object_at_its_op_and_argument(cl
         assert len(replaced) >= RELOADS, (name, report.table())  # one per reload at least
         for v in replaced:
             assert v["tensor"] == cls.expected_all[0], v
-            assert v["read"] == "quantized::linear_dynamic arg 1 (W_prepack)", v
+            assert v["read"] == f"{rl.LINEAR_DYNAMIC} arg 1 (W_prepack)", v
             assert "LinearPackedParamsBase@" in v["before"] and v["before"] != v["after"], v
 
 

@@ -125,7 +125,7 @@ def test_packed_fbgemm_objects_are_named_and_traced_by_identity():
     assert name == "q._packed_params._packed_params"
     assert "LinearPackedParamsBase" in o.class_name and o.arg == 1
     assert o.identity == _C.object_identity(obj) != 0
-    assert o.where.startswith("quantized::linear_dynamic arg 1")
+    assert o.where.startswith(f"{rl.LINEAR_DYNAMIC} arg 1")
     assert "q._packed_params._packed_params" in t.format(layer)
 
 
