@@ -1,3 +1,15 @@
+// Note [A release LibTorch's debug-only members]
+// ATen/record_function.h gives RecordFunction a member and a check that
+// exist only without NDEBUG (inputs_valid_, asserted by inputs()). The
+// LibTorch this links is a release build, which never sets that member: a
+// translation unit built without NDEBUG reads a byte of padding there and
+// its inputs() fails at random. This file reads RecordFunction inputs (Note
+// [Inside a subclass's dispatch]), so it sees LibTorch's headers as the
+// library was built, and no other file of the project calls inputs().
+#ifndef NDEBUG
+#define NDEBUG
+#endif
+
 #include "conformance/harness/read_trace.h"
 
 #include "conformance/harness/memory_census.h"
@@ -8,6 +20,7 @@
 
 #include <ATen/core/function.h>
 #include <ATen/core/ivalue.h>
+#include <ATen/record_function.h>
 #include <c10/util/SmallVector.h>
 
 #include <algorithm>
@@ -20,6 +33,18 @@ namespace {
 
 // The trace recording on this thread, if any.
 thread_local ReadTrace* tls_active = nullptr;
+
+// > 0 while a trace reads, holds or asks an object on this thread: the ops
+// that runs are the trace's own, and the observer of Note [Inside a
+// subclass's dispatch] must not record them.
+thread_local int tls_bookkeeping = 0;
+
+struct Bookkeeping {
+  Bookkeeping() { ++tls_bookkeeping; }
+  ~Bookkeeping() { --tls_bookkeeping; }
+  Bookkeeping(const Bookkeeping&) = delete;
+  Bookkeeping& operator=(const Bookkeeping&) = delete;
+};
 
 // "aten::add.Tensor", built once per schema and thread. A schema freed with
 // its library can leave its address to another, so a hit is checked.
@@ -52,6 +77,26 @@ void trace_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
 // storage, if any, is not what kernels read, and touching it may throw.
 bool dispatches_in_python(const at::Tensor& t) {
   return t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python);
+}
+
+// Whether the op on `stack` goes on to a __torch_dispatch__: one of its
+// tensors dispatches in Python, or a Python dispatch mode is on (a mode
+// includes the Python key for the thread).
+bool dispatch_goes_to_python(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  if (c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::Python)) return true;
+  const size_t num_args = std::min(op.schema().arguments().size(), stack.size());
+  for (size_t i = stack.size() - num_args; i < stack.size(); ++i) {
+    const c10::IValue& v = stack[i];
+    if (v.isTensor()) {
+      if (v.toTensor().defined() && dispatches_in_python(v.toTensor())) return true;
+    } else if (v.isTensorList() || v.isList()) {
+      for (const c10::IValue& e : v.toListRef()) {
+        if (e.isTensor() && e.toTensor().defined() && dispatches_in_python(e.toTensor()))
+          return true;
+      }
+    }
+  }
+  return false;
 }
 
 bool has_plain_storage(const at::Tensor& t) {
@@ -358,24 +403,26 @@ void ReadTrace::add_object(OpCall& call, const c10::IValue& v, int arg,
 // holds arguments (the capture) would record and a trace that does not (a
 // retrace) would not: the two op sequences would differ for a layer that
 // changed nothing.
-void ReadTrace::begin_call(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+void ReadTrace::begin_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                            CallInProgress& progress) {
   if (!options_.nested && depth_ > 0) {
     ++depth_;
     return;
   }
   c10::impl::ExcludeDispatchKeyGuard off(kTraceKey);
+  Bookkeeping own_ops;
   const c10::FunctionSchema& schema = op.schema();
-  const size_t num_args = schema.arguments().size();
-  TORCH_INTERNAL_ASSERT(stack.size() >= num_args);
-  const size_t first = stack.size() - num_args;
+  // The fallback always has every argument; an observer may have none (see
+  // Note [Inside a subclass's dispatch]): the op is then recorded without reads.
+  const size_t num_args = args.size() >= schema.arguments().size() ? schema.arguments().size() : 0;
+  const size_t first = args.size() - num_args;
 
   OpCall call;
   call.name = op_name(schema);
   call.depth = depth_;
   call.reads.reserve(num_args);
   for (size_t i = 0; i < num_args; ++i) {
-    const c10::IValue& v = stack[first + i];
+    const c10::IValue& v = args[first + i];
     const c10::Argument& a = schema.arguments()[i];
     auto add = [&](const at::Tensor& t, int element) {
       if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
@@ -398,8 +445,8 @@ void ReadTrace::begin_call(const c10::OperatorHandle& op, const torch::jit::Stac
   }
   if (options_.hold_arguments && depth_ == 0) {
     progress.held_inputs.reserve(num_args);
-    for (size_t i = first; i < stack.size(); ++i)
-      progress.held_inputs.push_back(hold_as_captured(stack[i]));
+    for (size_t i = first; i < args.size(); ++i)
+      progress.held_inputs.push_back(hold_as_captured(args[i]));
   }
   progress.recorded = true;
   progress.op_index = ops_.size();
@@ -407,13 +454,14 @@ void ReadTrace::begin_call(const c10::OperatorHandle& op, const torch::jit::Stac
   ++depth_;
 }
 
-void ReadTrace::end_call(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+void ReadTrace::end_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> stack,
                          CallInProgress& progress) {
   --depth_;
   if (!progress.recorded) return;
   c10::impl::ExcludeDispatchKeyGuard off(kTraceKey);
-  const size_t num_returns = op.schema().returns().size();
-  TORCH_INTERNAL_ASSERT(stack.size() >= num_returns);
+  Bookkeeping own_ops;
+  const size_t num_returns =
+      stack.size() >= op.schema().returns().size() ? op.schema().returns().size() : 0;
   c10::SmallVector<const c10::StorageImpl*, 4> returned;
   auto result = [&](const at::Tensor& t) {
     note_result(t);
@@ -437,13 +485,98 @@ void ReadTrace::end_call(const c10::OperatorHandle& op, const torch::jit::Stack&
   }
 }
 
-void ReadTrace::dispatch(ReadTrace* innermost, const c10::OperatorHandle& op,
-                         c10::DispatchKeySet ks, torch::jit::Stack* stack) {
-  // Every trace active on this thread records the call, innermost first.
+c10::SmallVector<ReadTrace*, 4> ReadTrace::active_chain(ReadTrace* innermost) {
   c10::SmallVector<ReadTrace*, 4> chain;
   for (ReadTrace* t = innermost; t != nullptr; t = t->previous_) {
     if (t->active_) chain.push_back(t);
   }
+  return chain;
+}
+
+// Note [Inside a subclass's dispatch]
+// While a __torch_dispatch__ runs (a wrapper subclass's, or a Python mode's),
+// PyTorch excludes every dispatch key above Python for the thread, this
+// trace's key included: the ops the subclass calls on its inner tensors never
+// reach the fallback. For exactly that stretch (the redispatch of an op that
+// goes on to Python) the trace adds a thread-local RecordFunction observer,
+// which the dispatcher calls at the entry of every op whatever the dispatch
+// keys. Ops called from Python arrive boxed, with every argument; an op whose
+// inputs RecordFunction does not deliver is recorded without reads (see Note
+// [Why a mode-key fallback and not RecordFunction]). The observer records an
+// op only while the trace key is excluded (else the fallback sees it: a
+// subclass that restores the dispatch state it was called with), and never
+// the ops the trace itself runs (Bookkeeping). Outside such a stretch no
+// observer is installed, so a forward of plain tensors pays nothing for it.
+struct ReadTrace::ObservedCall final : at::ObserverContext {
+  explicit ObservedCall(c10::OperatorHandle handle) : op(std::move(handle)) {}
+  c10::OperatorHandle op;
+  c10::SmallVector<ReadTrace*, 4> chain;
+  c10::SmallVector<CallInProgress, 4> progress;
+};
+
+namespace {
+
+std::unique_ptr<at::ObserverContext> observe_op_start(const at::RecordFunction& fn) {
+  if (tls_active == nullptr || tls_bookkeeping > 0) return nullptr;
+  if (!c10::impl::tls_is_dispatch_key_excluded(kTraceKey)) return nullptr;  // the fallback's
+  const std::optional<c10::OperatorName> name = fn.operator_name();
+  if (!name) return nullptr;
+  std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findOp(*name);
+  if (!op) return nullptr;
+  const c10::ArrayRef<const c10::IValue> inputs = fn.inputs();
+  return ReadTrace::observed_begin(*op, c10::ArrayRef<c10::IValue>(inputs.data(), inputs.size()));
+}
+
+void observe_op_end(const at::RecordFunction& fn, at::ObserverContext* context) {
+  if (context == nullptr) return;
+  ReadTrace::observed_end(static_cast<ReadTrace::ObservedCall&>(*context), fn.outputs());
+}
+
+// Installs the observer for the thread while at least one of these lives.
+class ObserveInsidePython {
+ public:
+  explicit ObserveInsidePython(bool on) : on_(on) {
+    if (!on_ || users_++ > 0) return;
+    handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(&observe_op_start, &observe_op_end)
+                                             .needsInputs(true)
+                                             .needsOutputs(true)
+                                             .scopes({at::RecordScope::FUNCTION}));
+  }
+  ~ObserveInsidePython() {
+    if (on_ && --users_ == 0) at::removeCallback(handle_);
+  }
+  ObserveInsidePython(const ObserveInsidePython&) = delete;
+  ObserveInsidePython& operator=(const ObserveInsidePython&) = delete;
+
+ private:
+  bool on_;
+  static thread_local int users_;
+  static thread_local at::CallbackHandle handle_;
+};
+thread_local int ObserveInsidePython::users_ = 0;
+thread_local at::CallbackHandle ObserveInsidePython::handle_ = 0;
+
+}  // namespace
+
+std::unique_ptr<ReadTrace::ObservedCall> ReadTrace::observed_begin(
+    const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  auto call = std::make_unique<ObservedCall>(op);
+  call->chain = active_chain(tls_active);
+  call->progress.resize(call->chain.size());
+  for (size_t k = 0; k < call->chain.size(); ++k)
+    call->chain[k]->begin_call(call->op, args, call->progress[k]);
+  return call;
+}
+
+void ReadTrace::observed_end(ObservedCall& call, c10::ArrayRef<c10::IValue> returns) {
+  for (size_t k = 0; k < call.chain.size(); ++k)
+    call.chain[k]->end_call(call.op, returns, call.progress[k]);
+}
+
+void ReadTrace::dispatch(ReadTrace* innermost, const c10::OperatorHandle& op,
+                         c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  // Every trace active on this thread records the call, innermost first.
+  const c10::SmallVector<ReadTrace*, 4> chain = active_chain(innermost);
   c10::SmallVector<CallInProgress, 4> progress(chain.size());
   bool nested = false;
   for (size_t k = 0; k < chain.size(); ++k) {
@@ -452,6 +585,8 @@ void ReadTrace::dispatch(ReadTrace* innermost, const c10::OperatorHandle& op,
   }
   try {
     if (nested) {
+      // See Note [Inside a subclass's dispatch].
+      ObserveInsidePython observe(dispatch_goes_to_python(op, *stack));
       op.redispatchBoxed(ks.remove(kTraceKey), stack);
     } else {
       c10::impl::ExcludeDispatchKeyGuard off(kTraceKey);

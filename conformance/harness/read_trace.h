@@ -20,16 +20,19 @@
 // (weakly) for the trace's lifetime, so two storages seen by one trace never share an identity.
 //
 // Note [Why a mode-key fallback and not RecordFunction]
-// LibTorch offers two observation points. RecordFunction callbacks with
-// needsInputs() are called for every op, but on LibTorch 2.11 they deliver no
-// inputs for some ops (`aten::t`, `aten::fill_`, `aten::resolve_conj`, and
-// outside inference mode `aten::div` and `aten::mm`): exactly the ops a
-// forward passes its weights to. A boxed fallback on a dispatch key that no
-// tensor carries, switched on for the scope with a thread-local
-// IncludeDispatchKeyGuard, sees every op's full argument stack, tensor lists
-// and optional tensors included, for ATen ops and custom ops registered with
-// TORCH_LIBRARY alike. The trace uses the fallback; read_trace_test.cc pins
-// the RecordFunction blind spots next to the fallback seeing the same ops.
+// LibTorch offers two observation points. A RecordFunction callback is called
+// at the entry of every dispatcher call; with needsInputs() it makes every
+// unboxed call box its arguments first, on every op of the forward, and it
+// is a passive listener: it cannot keep what runs inside the call apart from
+// what runs beside it. A boxed fallback on a dispatch key that no tensor
+// carries, switched on for the scope with a thread-local
+// IncludeDispatchKeyGuard, sees each op's full argument stack (tensor lists
+// and optional tensors included) once, for ATen ops and custom ops
+// registered with TORCH_LIBRARY alike, and wraps the call itself: the
+// arguments and results a capture holds are taken around one redispatch. The
+// trace uses the fallback, and RecordFunction only where the fallback's key
+// is switched off by PyTorch (Note [Inside a subclass's dispatch] in
+// read_trace.cc).
 //
 // The key is DispatchKey::TESTING_ONLY_GenericMode: it sits above autograd,
 // functionalization and the Python key, so ops are seen as the caller issued
@@ -46,12 +49,15 @@
 //    of its own that a kernel reads: it is recorded as a read marked
 //    `subclass`, whose storage is never touched. A subclass that works
 //    through `__torch_function__` (torchao's) calls its ops on the inner
-//    tensors from Python, and the trace sees those reads at depth 0. Inside a
-//    `__torch_dispatch__`, PyTorch excludes every dispatch key above Python,
-//    this trace's key included, so the reads that dispatch makes on the inner
-//    tensors are not seen: the harness checks those inner tensors as
-//    declared tensors (the Python walker names them `weight.qdata`), and the
-//    capture holds the wrapper as it was for the replay;
+//    tensors from Python, and the trace sees those reads at depth 0. A
+//    subclass that works through `__torch_dispatch__` runs its ops with
+//    every dispatch key above Python excluded, this trace's key included;
+//    for that stretch the trace observes through RecordFunction instead
+//    (Note [Inside a subclass's dispatch] in read_trace.cc), so the reads
+//    its dispatch makes on the inner tensors are recorded one level deeper
+//    than the op on the wrapper (nested subclasses deeper still), under the
+//    names the Python walker gives them (`weight.qdata`). The capture holds
+//    the wrapper as it was for the replay;
 //  - a TorchBind object handed to an op (a packed weight such as fbgemm's
 //    LinearPackedParamsBase, a oneDNN handle) is an ObjectRead: its class and
 //    identity (the object and the C++ instance it holds). The tensors it
@@ -92,6 +98,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/ArrayRef.h>
+#include <c10/util/SmallVector.h>
 
 #include <cstdint>
 #include <functional>
@@ -230,15 +238,26 @@ class ReadTrace {
   static void dispatch(ReadTrace* innermost, const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                        torch::jit::Stack* stack);
 
+  /// An op seen by the observer of Note [Inside a subclass's dispatch]
+  /// (read_trace.cc), from its start to its end; not for users.
+  struct ObservedCall;
+  static std::unique_ptr<ObservedCall> observed_begin(const c10::OperatorHandle& op,
+                                                      c10::ArrayRef<c10::IValue> args);
+  static void observed_end(ObservedCall& call, c10::ArrayRef<c10::IValue> returns);
+
  private:
   struct CallInProgress {
     bool recorded = false;
     size_t op_index = 0;
     std::vector<c10::IValue> held_inputs;
   };
-  void begin_call(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+  // The traces active on this thread, `innermost` first.
+  static c10::SmallVector<ReadTrace*, 4> active_chain(ReadTrace* innermost);
+  // `args`: the op's arguments (the last ones are used, or none if fewer
+  // than the schema has); `returns` likewise its results.
+  void begin_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                   CallInProgress& call);
-  void end_call(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+  void end_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> returns,
                 CallInProgress& call);
   bool records_nested() const { return options_.nested; }
   void add_object(OpCall& call, const c10::IValue& v, int arg, const c10::Argument& schema_arg);

@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/ScalarOps.h>
-#include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <gtest/gtest.h>
 #include <torch/custom_class.h>
@@ -330,25 +329,8 @@ TEST(ReadTrace, TensorsAllocatedInsideTheScopeWithoutAnOpAreInternal) {
   EXPECT_TRUE(reads[1].external);
 }
 
-// Note [Why a mode-key fallback and not RecordFunction]: on this LibTorch,
-// RecordFunction gives no inputs for some ops that the fallback sees whole.
-// Ops whose RecordFunction start callback could not read their inputs.
-thread_local std::set<std::string> rf_no_inputs;
-
-std::unique_ptr<at::ObserverContext> note_missing_inputs(const at::RecordFunction& fn) {
-  try {
-    (void)fn.inputs();
-  } catch (const c10::Error&) {
-    rf_no_inputs.insert(fn.name());
-  }
-  return nullptr;
-}
-
-TEST(ReadTrace, SeesEveryOpWhoseInputsRecordFunctionDoesNotDeliver) {
-  rf_no_inputs.clear();
-  auto handle = at::addThreadLocalCallback(at::RecordFunctionCallback(&note_missing_inputs)
-                                               .needsInputs(true)
-                                               .scopes({at::RecordScope::FUNCTION}));
+// The ops a forward hands its weights to, each seen with its arguments.
+TEST(ReadTrace, SeesTheWeightInEveryOpAForwardHandsItTo) {
   at::Tensor w = at::randn({4, 4});
   const at::Tensor x = at::randn({4, 4});
   ReadTrace trace;
@@ -358,7 +340,6 @@ TEST(ReadTrace, SeesEveryOpWhoseInputsRecordFunctionDoesNotDeliver) {
   at::Tensor r = w.resolve_conj();
   w.fill_(1.0);
   trace.stop();
-  at::removeCallback(handle);
 
   for (const char* name : {"aten::t", "aten::div.Tensor", "aten::mm", "aten::fill_.Scalar"}) {
     SCOPED_TRACE(name);
@@ -366,9 +347,6 @@ TEST(ReadTrace, SeesEveryOpWhoseInputsRecordFunctionDoesNotDeliver) {
     ASSERT_FALSE(reads.empty()) << "the fallback sees every top-level op";
     EXPECT_EQ(reads.back().storage, storage_of(w));
   }
-  EXPECT_FALSE(rf_no_inputs.empty())
-      << "RecordFunction delivered inputs for every op here; the rationale in read_trace.h "
-         "no longer holds on this LibTorch: revisit it";
 }
 
 }  // namespace

@@ -18,8 +18,11 @@ is recorded as a read with ``subclass=True`` and no storage fields (nothing
 touches its storage). A subclass working through ``__torch_function__``
 (torchao's) calls its ops on the inner tensors in the open, and
 ``named_reads`` names those reads by ``named_tensors``' flattened names
-(``weight.qdata``); inside a ``__torch_dispatch__`` PyTorch excludes the
-trace's dispatch key, so the reads made there are not recorded. A TorchScript
+(``weight.qdata``). Inside a ``__torch_dispatch__`` PyTorch excludes the
+trace's dispatch key; there the trace observes through RecordFunction, so the
+ops the subclass calls on its inner tensors are recorded one level deeper than
+the op on the wrapper, with the same names (``nested=False`` leaves them out,
+as every op inside another). A TorchScript
 custom-class object handed to an op (fbgemm's packed weight in
 ``quantized::linear_dynamic``) is an ``ObjectRead`` in ``OpCall.objects``,
 with its class name and identity; ``named_object_reads`` names it by
