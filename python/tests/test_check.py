@@ -258,9 +258,14 @@ def test_a_torch_nn_linear_made_on_meta_checks():
 
 
 def _mkldnn_linear():
+    # torch.utils.mkldnn's modules are TorchScript classes, built on first use:
+    # from torch 2.15 on that warns that torch.jit.script_method is deprecated.
+    # That is torch's own module, not the code under test.
     import torch.utils.mkldnn
 
-    return torch.utils.mkldnn.to_mkldnn(torch.nn.Linear(32, 16).eval())
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*script_method.* is deprecated", category=FutureWarning)
+        return torch.utils.mkldnn.to_mkldnn(torch.nn.Linear(32, 16).eval())
 
 
 def test_mkldnn_weights_are_named_with_what_to_do():
