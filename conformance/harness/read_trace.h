@@ -23,8 +23,8 @@
 // LibTorch offers two observation points. A RecordFunction callback is called
 // at the entry of every dispatcher call; with needsInputs() it makes every
 // unboxed call box its arguments first, on every op of the forward, and it
-// is a passive listener: it cannot keep what runs inside the call apart from
-// what runs beside it. A boxed fallback on a dispatch key that no tensor
+// only listens: it hears an op's start and end, but cannot run anything
+// around the call itself. A boxed fallback on a dispatch key that no tensor
 // carries, switched on for the scope with a thread-local
 // IncludeDispatchKeyGuard, sees each op's full argument stack (tensor lists
 // and optional tensors included) once, for ATen ops and custom ops
