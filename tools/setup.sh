@@ -64,35 +64,8 @@ python_pip() {
 # torch/lib are also the LibTorch the C++ build links; its nvidia-* packages
 # bring the CUDA runtime libraries), pytest and numpy, in $CACHE/venv. One
 # torch for both sides: the Python extension and the C++ tests load the same
-# libraries. About 4.6 GB and two minutes on a fresh machine.
-venv_ready() {
-  local py="$VENV/bin/python"
-  [ -x "$py" ] || return 1
-  "$py" - "$TORCH_VERSION" <<'PY' 2>/dev/null
-import importlib.metadata as m, sys
-torch = m.version("torch")
-if not torch.split("+")[0] == sys.argv[1]:
-    sys.exit(1)
-for name in ("pytest", "numpy"):
-    m.version(name)
-PY
-}
-
-install_venv() {
-  if venv_ready; then
-    say "Python environment: torch $TORCH_VERSION, pytest, numpy present in $VENV"
-    return
-  fi
-  if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c pass 2>/dev/null; then
-    say "Python environment: creating $VENV with $(python3 --version 2>&1)"
-    rm -rf "$VENV"
-    python3 -m venv "$VENV" || die "python3 -m venv failed: install python3-venv"
-  fi
-  say "Python environment: installing torch==$TORCH_VERSION, pytest, numpy (about 3 GB to download)"
-  "$VENV/bin/python" -m pip install --progress-bar on "torch==$TORCH_VERSION" "pytest>=7" numpy
-  venv_ready || die "the Python environment in $VENV lacks torch $TORCH_VERSION, pytest or numpy after installing"
-  say "Python environment: ready in $VENV ($(du -sh "$VENV" | cut -f1))"
-}
+# libraries. About 4.6 GB and two minutes on a fresh machine. Made by
+# install_torch_venv (below), the same way as the newest torch's environment.
 
 # The real quantization libraries python/tests/real builds layers on, pinned
 # to versions that run on a CPU with the venv's torch. Installed with
@@ -201,14 +174,6 @@ install_torch_venv() {
   say "Python environment: ready in $dir ($(du -sh "$dir" | cut -f1))"
 }
 
-# The default environment gets the test extras too (its torch is install_venv's).
-install_test_extras() {
-  if "$VENV/bin/python" -c "import xdist" 2>/dev/null; then
-    return
-  fi
-  say "Python environment: installing ${TEST_EXTRAS[*]} into $VENV"
-  "$VENV/bin/python" -m pip install -q "${TEST_EXTRAS[@]}" || die "could not install ${TEST_EXTRAS[*]} into $VENV"
-}
 # --- end of the newest-torch block --------------------------------------------
 
 write_user_bazelrc() {
@@ -222,9 +187,8 @@ write_user_bazelrc() {
 mkdir -p "$CACHE"
 start=$SECONDS
 install_debian_packages
-install_venv
+install_torch_venv "$VENV" "$TORCH_VERSION"
 install_quant_libraries
-install_test_extras
 install_torch_venv "$VENV_NEWEST" "$NEWEST_TORCH_VERSION"
 install_quant_libraries "$VENV_NEWEST"
 note_old_cache
