@@ -8,10 +8,10 @@
 // captured read set) and runs no reloads. Exits 1 when a sample backend loses
 // an address or a negative control is not flagged, 2 on bad arguments.
 #include "conformance/harness/harness.h"
+#include "conformance/harness/run_flags.h"
 
 #include <ATen/Context.h>
 
-#include <charconv>
 #include <cstdlib>
 #include <fstream>
 #include <iomanip>
@@ -28,26 +28,6 @@ constexpr const char* kUsage =
 [[noreturn]] void bad_argument(const std::string& message) {
   std::cerr << "reload_harness: " << message << "\n" << kUsage;
   std::exit(2);
-}
-
-template <typename T>
-T parse_number(const std::string& flag, const std::string& text, T min) {
-  T value{};
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc() || end != text.data() + text.size() || value < min) {
-    bad_argument(flag + " takes an integer >= " + std::to_string(min) + ", not '" + text + "'");
-  }
-  return value;
-}
-
-c10::Device parse_device(const std::string& text) {
-  try {
-    c10::Device device(text);
-    if (!device.is_cpu() && !device.is_cuda()) bad_argument("--device takes cpu or cuda[:I]");
-    return device;
-  } catch (const c10::Error&) {
-    bad_argument("--device takes cpu or cuda[:I], not '" + text + "'");
-  }
 }
 
 void print_trace(const reloadsafe::harness::Backend& backend, const c10::Device& device,
@@ -76,32 +56,25 @@ int main(int argc, char** argv) {
   RunOptions options;
   std::string only, json_path;
   bool trace_only = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) bad_argument(arg + " needs a value");
-      return argv[++i];
-    };
-    if (arg == "--reloads") {
-      options.reloads = parse_number<int>(arg, value(), 1);
-    } else if (arg == "--device") {
-      options.device = parse_device(value());
-    } else if (arg == "--backend") {
-      only = value();
-    } else if (arg == "--seed") {
-      options.seed = parse_number<uint64_t>(arg, value(), 0);
-    } else if (arg == "--json") {
-      json_path = value();
-    } else if (arg == "--no-trace") {
-      options.trace = false;
-    } else if (arg == "--trace") {
-      trace_only = true;
-    } else if (arg == "--help" || arg == "-h") {
-      std::cout << kUsage;
-      return 0;
-    } else {
-      bad_argument("unknown argument " + arg);
+  try {
+    for (int i = 1; i < argc; ++i) {
+      if (parse_run_flag(argc, argv, i, options)) continue;
+      const std::string arg = argv[i];
+      if (arg == "--backend") {
+        only = flag_value(argc, argv, i);
+      } else if (arg == "--json") {
+        json_path = flag_value(argc, argv, i);
+      } else if (arg == "--trace") {
+        trace_only = true;
+      } else if (arg == "--help" || arg == "-h") {
+        std::cout << kUsage;
+        return 0;
+      } else {
+        throw BadFlag("unknown argument " + arg);
+      }
     }
+  } catch (const BadFlag& e) {
+    bad_argument(e.what());
   }
   if (options.device.is_cuda() && !at::hasCUDA()) {
     std::cerr << "reload_harness: --device cuda given but no CUDA device is available\n";

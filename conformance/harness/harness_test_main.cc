@@ -17,12 +17,12 @@
 // Exit status: 0 when every test passed, 1 when one failed or no backend was
 // linked, 2 on bad arguments.
 #include "conformance/harness/harness.h"
+#include "conformance/harness/run_flags.h"
 
 #include <ATen/Context.h>
 #include <gtest/gtest.h>
 
 #include <cctype>
-#include <charconv>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -42,45 +42,16 @@ constexpr const char* kUsage =
   std::exit(2);
 }
 
-template <typename T>
-T parse_number(const std::string& flag, const std::string& text, T min) {
-  T value{};
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc() || end != text.data() + text.size() || value < min) {
-    bad_argument(flag + " takes an integer >= " + std::to_string(min) + ", not '" + text + "'");
-  }
-  return value;
-}
-
-c10::Device parse_device(const std::string& text) {
-  try {
-    c10::Device device(text);
-    if (device.is_cpu() || device.is_cuda()) return device;
-  } catch (const c10::Error&) {
-  }
-  bad_argument("--device takes cpu or cuda[:I], not '" + text + "'");
-}
-
 /// The options of the run, from the arguments GoogleTest left.
 RunOptions parse_options(int argc, char** argv) {
   RunOptions options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) bad_argument(arg + " needs a value");
-      return argv[++i];
-    };
-    if (arg == "--reloads") {
-      options.reloads = parse_number<int>(arg, value(), 1);
-    } else if (arg == "--device") {
-      options.device = parse_device(value());
-    } else if (arg == "--seed") {
-      options.seed = parse_number<uint64_t>(arg, value(), 0);
-    } else if (arg == "--no-trace") {
-      options.trace = false;
-    } else {
-      bad_argument("unknown argument " + arg);
+  try {
+    for (int i = 1; i < argc; ++i) {
+      if (!parse_run_flag(argc, argv, i, options))
+        throw BadFlag(std::string("unknown argument ") + argv[i]);
     }
+  } catch (const BadFlag& e) {
+    bad_argument(e.what());
   }
   return options;
 }

@@ -1,0 +1,34 @@
+// run_flags.h: the command-line flags of a protocol run (RunOptions), shared
+// by the harness binaries: reload_harness (harness_main.cc) and the main of
+// every reload_harness_test (harness_test_main.cc).
+//
+// Invariant: a flag is taken only with a value the protocol can run with
+// (--reloads N >= 1, --seed S >= 0, --device cpu or cuda[:I]); any other value,
+// or a flag without its value, is a BadFlag naming the flag and what it
+// takes. Each binary prints that with its usage and exits 2.
+#pragma once
+
+#include "conformance/harness/protocol.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace reloadsafe::harness {
+
+/// A command line refused; what() says which argument and what it takes.
+class BadFlag : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// The value of the flag at argv[i] (argv[i + 1]); advances i past it.
+/// Throws BadFlag when argv[i] is the last argument.
+std::string flag_value(int argc, char** argv, int& i);
+
+/// If argv[i] is one of RunOptions' flags (--reloads N, --device D, --seed S,
+/// --no-trace), sets it in `options`, advances i past its value and returns
+/// true; returns false, changing nothing, for any other argument. Throws
+/// BadFlag for a missing or bad value.
+bool parse_run_flag(int argc, char** argv, int& i, RunOptions& options);
+
+}  // namespace reloadsafe::harness

@@ -1,0 +1,74 @@
+#include "conformance/harness/run_flags.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace reloadsafe::harness {
+namespace {
+
+// Runs parse_run_flag over `args` as a binary's loop would; the arguments it
+// did not take, in order.
+std::vector<std::string> parse(std::vector<std::string> args, RunOptions& options) {
+  std::vector<char*> argv{const_cast<char*>("binary")};
+  for (std::string& a : args) argv.push_back(a.data());
+  std::vector<std::string> rest;
+  for (int i = 1; i < static_cast<int>(argv.size()); ++i) {
+    if (!parse_run_flag(static_cast<int>(argv.size()), argv.data(), i, options))
+      rest.push_back(argv[i]);
+  }
+  return rest;
+}
+
+TEST(RunFlags, SetsEachOptionAndLeavesOtherArguments) {
+  RunOptions options;
+  const auto rest = parse({"--reloads", "7", "--json", "--device", "cpu", "--seed", "0",
+                           "--no-trace", "--backend"},
+                          options);
+  EXPECT_EQ(options.reloads, 7);
+  EXPECT_TRUE(options.device.is_cpu());
+  EXPECT_EQ(options.seed, 0u);
+  EXPECT_FALSE(options.trace);
+  EXPECT_EQ(rest, (std::vector<std::string>{"--json", "--backend"}));
+}
+
+TEST(RunFlags, TakesACudaDeviceWithoutNeedingOne) {
+  RunOptions options;
+  parse({"--device", "cuda:1"}, options);
+  EXPECT_TRUE(options.device.is_cuda());
+  EXPECT_EQ(options.device.index(), 1);
+}
+
+struct BadCase {
+  std::vector<std::string> args;
+  std::string message;
+};
+
+TEST(RunFlags, RefusesBadValuesNamingTheFlag) {
+  const std::vector<BadCase> cases = {
+      {{"--reloads", "0"}, "--reloads takes an integer >= 1, not '0'"},
+      {{"--reloads", "3x"}, "--reloads takes an integer >= 1, not '3x'"},
+      {{"--reloads", "-2"}, "--reloads takes an integer >= 1, not '-2'"},
+      {{"--seed", "-1"}, "--seed takes an integer >= 0, not '-1'"},
+      {{"--seed", ""}, "--seed takes an integer >= 0, not ''"},
+      {{"--device", "meta"}, "--device takes cpu or cuda[:I], not 'meta'"},
+      {{"--device", "gpu"}, "--device takes cpu or cuda[:I], not 'gpu'"},
+      {{"--reloads"}, "--reloads needs a value"},
+      {{"--device"}, "--device needs a value"},
+  };
+  for (const BadCase& c : cases) {
+    SCOPED_TRACE(c.args.front());
+    RunOptions options;
+    try {
+      parse(c.args, options);
+      ADD_FAILURE() << "accepted";
+    } catch (const BadFlag& e) {
+      EXPECT_EQ(std::string(e.what()), c.message);
+    }
+    EXPECT_EQ(options.reloads, RunOptions{}.reloads) << "a refused flag changes nothing";
+  }
+}
+
+}  // namespace
+}  // namespace reloadsafe::harness
