@@ -136,15 +136,18 @@ void compare_records(const Records& before, const Records& after, int reload, Vi
   }
 }
 
+// Whether t's bytes can be read in place as one run: a dense, contiguous CPU
+// tensor with a storage that does not dispatch in Python.
+bool plain_cpu_bytes(const at::Tensor& t) {
+  return t.device().is_cpu() && t.layout() == at::kStrided &&
+         !t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python) && t.has_storage() &&
+         t.is_contiguous();
+}
+
 // Byte for byte (NaN payloads included, which an element-wise == is not).
 bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
   if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) return false;
-  const auto plain = [](const at::Tensor& t) {
-    return t.device().is_cpu() && t.layout() == at::kStrided &&
-           !t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python) && t.has_storage() &&
-           t.is_contiguous();
-  };
-  if (plain(a) && plain(b)) {
+  if (plain_cpu_bytes(a) && plain_cpu_bytes(b)) {
     const size_t n = a.numel() * a.element_size();  // no dispatch: the common case
     return n == 0 || std::memcmp(a.const_data_ptr(), b.const_data_ptr(), n) == 0;
   }
@@ -161,9 +164,7 @@ bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
 class Snapshot {
  public:
   explicit Snapshot(const at::Tensor& t) {
-    if (t.device().is_cpu() && t.layout() == at::kStrided &&
-        !t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python) && t.has_storage() &&
-        t.is_contiguous()) {
+    if (plain_cpu_bytes(t)) {
       const auto* p = static_cast<const unsigned char*>(t.const_data_ptr());
       bytes_.assign(p, p + t.numel() * t.element_size());
       bytes_taken_ = true;
@@ -173,8 +174,7 @@ class Snapshot {
   }
   bool unchanged(const at::Tensor& t) const {
     if (!bytes_taken_) return same_bytes(t, clone_);
-    if (!t.device().is_cpu() || t.layout() != at::kStrided || !t.is_contiguous() ||
-        static_cast<size_t>(t.numel() * t.element_size()) != bytes_.size()) {
+    if (!plain_cpu_bytes(t) || static_cast<size_t>(t.numel() * t.element_size()) != bytes_.size()) {
       return false;
     }
     return bytes_.empty() || std::memcmp(t.const_data_ptr(), bytes_.data(), bytes_.size()) == 0;
