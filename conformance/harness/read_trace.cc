@@ -500,9 +500,9 @@ c10::SmallVector<ReadTrace*, 4> ReadTrace::active_chain(ReadTrace* innermost) {
 // reach the fallback. For exactly that stretch (the redispatch of an op that
 // goes on to Python) the trace adds a thread-local RecordFunction observer,
 // which the dispatcher calls at the entry of every op whatever the dispatch
-// keys. Ops called from Python arrive boxed, with every argument; an op whose
-// inputs RecordFunction does not deliver is recorded without reads (see Note
-// [Why a mode-key fallback and not RecordFunction]). The observer records an
+// keys. Ops called from Python arrive boxed, with every argument; an op that
+// arrives with fewer inputs than its schema has is recorded without reads
+// (begin_call). The observer records an
 // op only while the trace key is excluded (else the fallback sees it: a
 // subclass that restores the dispatch state it was called with), and never
 // the ops the trace itself runs (Bookkeeping). Outside such a stretch no
