@@ -121,16 +121,20 @@ ReloadSession::ReloadSession(const Backend& backend, const c10::Device& device,
                              const std::optional<Checkpoint>& ckpt, uint64_t seed)
     : backend_(backend), device_(device) {
   layer_ = backend_.create_layer(device_);
-  // The layouts, each as its pool (Note [Checkpoints from a pool]).
-  layouts_ = checkpoint_pools(checkpoint_layouts(*layer_));
+  layouts_ = checkpoint_layouts(*layer_);
   TORCH_CHECK(!layouts_.empty(), "backend '", backend_.name(),
               "' created no checkpoint parameter (use make_checkpoint_param or set _ckpt)");
-  load(*layer_, ckpt ? *ckpt : draw_checkpoint(layouts_, seed));
+  load(*layer_, ckpt ? *ckpt : draw_checkpoint(pools(), seed));
   backend_.process_weights_after_loading(*layer_);
 }
 
+const Checkpoint& ReloadSession::pools() const {
+  if (!pools_) pools_ = checkpoint_pools(layouts_);
+  return *pools_;
+}
+
 Checkpoint ReloadSession::random_checkpoint(uint64_t seed) const {
-  return draw_checkpoint(layouts_, seed);
+  return draw_checkpoint(pools(), seed);
 }
 
 void ReloadSession::reload(ReloadMode mode, const Checkpoint& ckpt) {
@@ -180,13 +184,16 @@ ReloadSession& BackendSubject::session() {
 }
 
 Checkpoint BackendSubject::make_checkpoint(uint64_t seed) {
-  if (session_ != nullptr) return session_->random_checkpoint(seed);
-  // Before the cold load: the layouts of a freshly created layer.
-  auto layer = backend_.create_layer(device_);
-  const Checkpoint layouts = checkpoint_layouts(*layer);
-  TORCH_CHECK(!layouts.empty(), "backend '", backend_.name(),
-              "' created no checkpoint parameter (use make_checkpoint_param or set _ckpt)");
-  return draw_checkpoint(checkpoint_pools(layouts), seed);
+  if (!pools_) {
+    // The layouts of a freshly created layer; the pools are fixed by them, so
+    // every mode's session would draw the same ones.
+    auto layer = backend_.create_layer(device_);
+    const Checkpoint layouts = checkpoint_layouts(*layer);
+    TORCH_CHECK(!layouts.empty(), "backend '", backend_.name(),
+                "' created no checkpoint parameter (use make_checkpoint_param or set _ckpt)");
+    pools_ = checkpoint_pools(layouts);
+  }
+  return draw_checkpoint(*pools_, seed);
 }
 
 void BackendSubject::cold_load(const Checkpoint& ckpt) {

@@ -60,9 +60,12 @@ class ReloadSession {
  private:
   ReloadSession(const Backend& backend, const c10::Device& device,
                 const std::optional<Checkpoint>& ckpt, uint64_t seed);
+  // The checkpoint pools (Note [Checkpoints from a pool]), drawn on first use.
+  const Checkpoint& pools() const;
   const Backend& backend_;
   c10::Device device_;
-  Checkpoint layouts_;
+  Checkpoint layouts_;  // meta tensors
+  mutable std::optional<Checkpoint> pools_;
   std::shared_ptr<Layer> layer_;
 };
 
@@ -91,6 +94,8 @@ class BackendSubject : public ReloadSubject {
   const Backend& backend_;
   c10::Device device_;
   std::unique_ptr<ReloadSession> session_;
+  // Every checkpoint's pools (Note [Checkpoints from a pool]), drawn once.
+  std::optional<Checkpoint> pools_;
 };
 
 /// Runs the protocol for `backend` in both modes.
