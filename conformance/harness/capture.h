@@ -27,7 +27,7 @@
 #pragma once
 
 #include "conformance/harness/protocol.h"
-#include "conformance/harness/read_trace.h"
+#include "conformance/trace/read_trace.h"
 
 #include <ATen/core/Tensor.h>
 

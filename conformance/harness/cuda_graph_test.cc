@@ -8,7 +8,7 @@
 //
 // RELOADSAFE_GRAPH_RELOADS sets the reloads per backend and mode (default 100).
 #include "conformance/harness/harness.h"
-#include "conformance/harness/read_trace.h"
+#include "conformance/trace/read_trace.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

@@ -1,6 +1,6 @@
 #include "conformance/harness/harness.h"
 
-#include "conformance/harness/read_trace.h"
+#include "conformance/trace/read_trace.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>

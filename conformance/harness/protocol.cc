@@ -2,7 +2,7 @@
 
 #include "conformance/harness/all_close.h"
 #include "conformance/harness/capture.h"
-#include "conformance/harness/memory_census.h"
+#include "conformance/trace/memory_census.h"
 #include "utils/reload_context.h"
 
 #include <ATen/ATen.h>
@@ -362,8 +362,8 @@ ModeReport run_mode(ReloadSubject& subject, ReloadMode mode, const RunOptions& o
   // The census counts live CPU bytes while the check runs; storages a reload
   // frees are poisoned and held (see Note [Poison quarantine]). Both end with
   // the mode, leaving the process's allocator as it was.
-  std::optional<CpuCensusScope> census;
-  std::optional<Quarantine> quarantine;
+  std::optional<trace::CpuCensusScope> census;
+  std::optional<trace::Quarantine> quarantine;
   if (options.device.is_cpu()) {
     census.emplace();
     quarantine.emplace();
@@ -387,7 +387,7 @@ ModeReport run_mode(ReloadSubject& subject, ReloadMode mode, const RunOptions& o
     // [One cold load per checkpoint]).
     const int64_t kept_before = cold_loads.kept_bytes();
     auto memory = [&] {
-      if (auto bytes = live_tensor_bytes(options.device))
+      if (auto bytes = trace::live_tensor_bytes(options.device))
         report.memory_bytes.push_back(*bytes - (cold_loads.kept_bytes() - kept_before));
     };
     memory();
@@ -399,7 +399,7 @@ ModeReport run_mode(ReloadSubject& subject, ReloadMode mode, const RunOptions& o
       for (const auto& [n, t] : ckpt) pristine.emplace(n, Snapshot(t));
       {
         DirectReloadScope direct(mode == ReloadMode::kDirect);
-        std::optional<Quarantine::Capturing> capturing;
+        std::optional<trace::Quarantine::Capturing> capturing;
         if (quarantine) capturing.emplace(*quarantine);
         subject.reload(ckpt, mode);
       }

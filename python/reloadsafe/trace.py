@@ -28,7 +28,7 @@ custom-class object handed to an op (fbgemm's packed weight in
 with its class name and identity; ``named_object_reads`` names it by
 ``named_objects``.
 
-It is the C++ ReadTrace (conformance/harness/read_trace.h) on a dispatcher
+It is the C++ ReadTrace (conformance/trace/read_trace.h) on a dispatcher
 mode key, so it sees every op that goes through PyTorch's dispatcher: ATen ops
 and custom ops (``torch.ops.*``, ``torch.library``), whether called from Python
 or from C++.

@@ -1,10 +1,10 @@
-// bind_trace.cc: the read trace (conformance/harness/read_trace.h) for
+// bind_trace.cc: the read trace (conformance/trace/read_trace.h) for
 // reloadsafe/trace.py. The Python context manager creates the C++ trace on
 // __enter__ and stops it on __exit__, on the same thread; results are copied
 // out as plain records (identities and pointers as integers).
 #include "python/src/bindings.h"
 
-#include "conformance/harness/read_trace.h"
+#include "conformance/trace/read_trace.h"
 
 #include <cstdint>
 #include <memory>

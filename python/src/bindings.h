@@ -15,7 +15,7 @@ namespace reloadsafe::python {
 /// (utils/reload_context.h) and the case runner (conformance/case_runner.h).
 void bind_reference(pybind11::module_& m);
 
-/// The read trace (conformance/harness/read_trace.h).
+/// The read trace (conformance/trace/read_trace.h).
 void bind_trace(pybind11::module_& m);
 
 /// The reload protocol (conformance/harness/protocol.h): ReloadSubject with a

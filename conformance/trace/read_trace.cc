@@ -10,9 +10,9 @@
 #define NDEBUG
 #endif
 
-#include "conformance/harness/read_trace.h"
+#include "conformance/trace/read_trace.h"
 
-#include "conformance/harness/memory_census.h"
+#include "conformance/trace/memory_census.h"
 
 #include <ATen/core/stack.h>
 #include <c10/util/Exception.h>
@@ -235,7 +235,7 @@ std::string TensorRead::where(const std::string& op_name) const {
 }
 
 ReadTrace::ReadTrace(Options options) : options_(options) {
-  start_epoch_ = harness::cpu_allocation_epoch().value_or(0);
+  start_epoch_ = cpu_allocation_epoch().value_or(0);
   owner_ = std::this_thread::get_id();
   previous_ = tls_active;
   tls_active = this;
@@ -346,7 +346,7 @@ TensorRead ReadTrace::read_of(const at::Tensor& t, int arg, int element,
 // provisional: it becomes internal if the enclosing top-level op returns it.
 bool ReadTrace::existed_before(const TensorRead& r) const {
   if (r.device.is_cpu() && r.storage_data != nullptr) {
-    const auto epoch = harness::cpu_allocation_epoch_of(r.storage_data);
+    const auto epoch = cpu_allocation_epoch_of(r.storage_data);
     return !(epoch && *epoch > start_epoch_);
   }
   return true;

@@ -50,7 +50,7 @@
 #include <cstdint>
 #include <optional>
 
-namespace reloadsafe::harness {
+namespace reloadsafe::trace {
 
 /// While alive, the counting CPU allocator is the CPU allocator (the first
 /// scope installs it, the end of the last one restores the previous one).
@@ -114,4 +114,4 @@ class Quarantine {
   };
 };
 
-}  // namespace reloadsafe::harness
+}  // namespace reloadsafe::trace

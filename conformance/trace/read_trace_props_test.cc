@@ -1,7 +1,7 @@
 // Property of the read trace: for a random chain of ops over a random set of
 // weights (read whole, as views, in-place, in tensor lists, through
 // composites), the external reads are exactly the weights the chain read.
-#include "conformance/harness/read_trace.h"
+#include "conformance/trace/read_trace.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

@@ -92,7 +92,7 @@
 //       if (r.external) ...;
 #pragma once
 
-#include "conformance/harness/memory_census.h"
+#include "conformance/trace/memory_census.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -267,7 +267,7 @@ class ReadTrace {
   bool existed_before(const TensorRead& r) const;
   void resolve_pending(size_t first_op, const std::vector<const c10::StorageImpl*>& returned);
 
-  harness::CpuCensusScope census_;  // see Note [Inside or before the scope]
+  CpuCensusScope census_;  // see Note [Inside or before the scope]
   Options options_;
   bool active_ = false;
   int depth_ = 0;

@@ -1,4 +1,4 @@
-#include "conformance/harness/read_trace.h"
+#include "conformance/trace/read_trace.h"
 
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>

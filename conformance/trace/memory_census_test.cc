@@ -1,4 +1,4 @@
-#include "conformance/harness/memory_census.h"
+#include "conformance/trace/memory_census.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
@@ -9,7 +9,7 @@
 #include <optional>
 #include <vector>
 
-namespace reloadsafe::harness {
+namespace reloadsafe::trace {
 namespace {
 
 TEST(MemoryCensus, CountsLiveCpuStoragesAndForgetsFreedOnes) {
@@ -150,4 +150,4 @@ TEST(Quarantine, OneAtATime) {
 }
 
 }  // namespace
-}  // namespace reloadsafe::harness
+}  // namespace reloadsafe::trace

@@ -1,4 +1,4 @@
-#include "conformance/harness/memory_census.h"
+#include "conformance/trace/memory_census.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-namespace reloadsafe::harness {
+namespace reloadsafe::trace {
 namespace {
 
 // A freed block and how to really free it.
@@ -284,4 +284,4 @@ Quarantine::Capturing::Capturing(Quarantine& /*quarantine*/) {
 
 Quarantine::Capturing::~Capturing() { CountingCpuAllocator::instance().capture(-1); }
 
-}  // namespace reloadsafe::harness
+}  // namespace reloadsafe::trace
