@@ -46,7 +46,7 @@ from __future__ import annotations
 import functools
 import types
 from dataclasses import dataclass
-from typing import Any, Dict, List, Set, Tuple
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
@@ -135,14 +135,14 @@ def _key(k: Any) -> str:
 class _Walker:
     def __init__(self, max_depth: int) -> None:
         self.max_depth = max_depth
-        self.seen_tensors: Set[int] = set()
-        self.entered: Set[int] = set()
-        self.out: List[NamedTensor] = []
-        self.objects: List[NamedObject] = []
+        self.seen_tensors: set[int] = set()
+        self.entered: set[int] = set()
+        self.out: list[NamedTensor] = []
+        self.objects: list[NamedObject] = []
         # Tensors whose own attributes (``t.__dict__``) are still to walk:
         # walked after every module's parameters and buffers, so a tensor an
         # attribute also reaches keeps its declared name.
-        self.tensor_attrs: List[Tuple[str, torch.Tensor, int]] = []
+        self.tensor_attrs: list[tuple[str, torch.Tensor, int]] = []
 
     def add(self, name: str, t: torch.Tensor, kind: str, depth: int = 0) -> None:
         if id(t) in self.seen_tensors:
@@ -266,7 +266,7 @@ class _Walker:
             self.value(f"{name}.{k}", v, depth, "object")
 
     def attributes(self, name: str, obj: Any, depth: int) -> None:
-        attrs: Dict[str, Any] = {}
+        attrs: dict[str, Any] = {}
         for cls in type(obj).__mro__:
             slots = cls.__dict__.get("__slots__", ())
             for slot in (slots,) if isinstance(slots, str) else slots:
@@ -299,7 +299,7 @@ def _walk(what: str, module: torch.nn.Module, max_depth: int) -> _Walker:
     return w
 
 
-def named_tensors(module: torch.nn.Module, *, max_depth: int = DEFAULT_MAX_DEPTH) -> List[NamedTensor]:
+def named_tensors(module: torch.nn.Module, *, max_depth: int = DEFAULT_MAX_DEPTH) -> list[NamedTensor]:
     """Every distinct tensor reachable from ``module``, each once, under the
     first name it is found by: parameters and buffers of the whole module tree
     first (in ``named_parameters`` / ``named_buffers`` order), then tensor
@@ -318,7 +318,7 @@ def named_tensors(module: torch.nn.Module, *, max_depth: int = DEFAULT_MAX_DEPTH
     return _walk("named_tensors", module, max_depth).out
 
 
-def named_objects(module: torch.nn.Module, *, max_depth: int = DEFAULT_MAX_DEPTH) -> List[NamedObject]:
+def named_objects(module: torch.nn.Module, *, max_depth: int = DEFAULT_MAX_DEPTH) -> list[NamedObject]:
     """Every distinct TorchScript custom-class object (``torch.ScriptObject``:
     fbgemm's packed linear weights, a ``torch.classes`` kernel handle)
     reachable from ``module``, each once, under the first name it is found by

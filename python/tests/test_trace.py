@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import reloadsafe
+
 import sample_layers as sl
 
 

@@ -23,6 +23,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import reloadsafe  # noqa: E402
+
 import real_layers as rl  # noqa: E402
 
 
