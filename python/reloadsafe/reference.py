@@ -61,9 +61,7 @@ def storage_view(
     Never moves memory; raises ``RuntimeError`` if the view would not fit the
     storage (where ``Tensor.set_`` would silently grow it).
     """
-    if isinstance(storage, torch.Tensor):
-        storage = storage.untyped_storage()
-    elif isinstance(storage, torch.TypedStorage):
+    if isinstance(storage, (torch.Tensor, torch.TypedStorage)):
         storage = storage.untyped_storage()
     elif not isinstance(storage, torch.UntypedStorage):
         raise TypeError(

@@ -43,6 +43,7 @@ when the forward reads it.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import types
 from dataclasses import dataclass
@@ -189,7 +190,7 @@ class _Walker:
         if id(m) in self.entered:
             return
         mods = [(n, sub) for n, sub in m.named_modules(prefix=prefix, remove_duplicate=True)]
-        for n, sub in mods:
+        for _, sub in mods:
             self.entered.add(id(sub))
         for n, sub in mods:
             for pn, p in sub._parameters.items():
@@ -218,7 +219,7 @@ class _Walker:
             return
         self.entered.add(id(obj))
         d = depth + 1
-        if isinstance(obj, dict) or isinstance(obj, types.MappingProxyType):
+        if isinstance(obj, (dict, types.MappingProxyType)):
             for k, v in list(obj.items()):
                 self.value(name + _key(k), v, d, "container")
         elif isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
@@ -272,14 +273,10 @@ class _Walker:
             for slot in (slots,) if isinstance(slots, str) else slots:
                 if not isinstance(slot, str) or slot in ("__dict__", "__weakref__"):
                     continue
-                try:
+                with contextlib.suppress(AttributeError):
                     attrs.setdefault(slot, getattr(obj, slot))
-                except AttributeError:
-                    pass
-        try:
+        with contextlib.suppress(TypeError):
             attrs.update(vars(obj))
-        except TypeError:
-            pass
         for k, v in attrs.items():
             self.value(f"{name}.{k}", v, depth, "object")
 

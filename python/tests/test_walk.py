@@ -57,7 +57,7 @@ def _layer():
     layer.slotted = Slotted(torch.zeros(6))
     layer.pair = Pair(torch.ones(1), torch.zeros(1))
 
-    def with_default(x, bias=torch.ones(2)):
+    def with_default(x, bias=torch.ones(2)):  # noqa: B008 - the walk must find a tensor default
         return x + bias
 
     layer.defaulted = with_default
