@@ -349,6 +349,7 @@ class _Spec:
         """After a load, every checkpoint tensor that names a parameter or
         buffer is there in the checkpoint's shape and dtype."""
         for name, t in ckpt.items():
+            target: torch.Tensor  # a Parameter or a buffer
             try:
                 target = layer.get_parameter(name)
             except AttributeError:
@@ -425,7 +426,7 @@ def _layout(t: torch.Tensor) -> str:
 
 def _pack_hint(t: torch.Tensor) -> str:
     """What to do in post-processing to get from a dense tensor to ``t``'s form."""
-    if t.layout == torch._mkldnn:  # type: ignore[attr-defined]
+    if t.layout == torch._mkldnn:  # type: ignore[attr-defined, unused-ignore]  # torch's types do not export _mkldnn; unused without torch installed
         return "convert it (to_mkldnn, torch.utils.mkldnn) or pack it"
     if t.layout != torch.strided:
         return f"make it {str(t.layout).replace('torch.', '')}"

@@ -45,7 +45,7 @@ def is_dense(t: torch.Tensor) -> bool:
 def describe(t: torch.Tensor) -> str:
     """``t``'s form for messages: "a mkldnn float32[16, 64] tensor",
     "a sparse_coo ...", "a quantized qint8[...] tensor", "a dense ..."."""
-    if t.layout == torch._mkldnn:  # type: ignore[attr-defined]
+    if t.layout == torch._mkldnn:  # type: ignore[attr-defined, unused-ignore]  # torch's types do not export _mkldnn; unused without torch installed
         kind = "mkldnn"
     elif t.layout != torch.strided:
         kind = str(t.layout).replace("torch.", "")
