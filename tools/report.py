@@ -84,7 +84,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
 
     targets, torch_versions = read_tests(args.testlogs, args.junit, args.more_testlogs)
-    areas = {}
+    areas: dict[str, dict[str, int]] = {}
     for t in targets.values():
         a = areas.setdefault(t["area"], {"passed": 0, "failed": 0, "skipped": 0})
         for k in a:

@@ -18,6 +18,7 @@ BACKEND = pathlib.Path(__file__).resolve().parents[1] / "build_backend" / "reloa
 @pytest.fixture(scope="module")
 def backend():
     spec = importlib.util.spec_from_file_location("reloadsafe_build", BACKEND)
+    assert spec is not None and spec.loader is not None, BACKEND
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -83,8 +83,8 @@ class TorchaoInt8Rebuilt(_RealLayer):
     new Int8Tensor bound as ``qweight``."""
 
     library = "torchao"
-    expected = "qweight.qdata"
-    expected_all = ("qweight.qdata", "qweight.scale")
+    expected: str | None = "qweight.qdata"
+    expected_all: tuple[str, ...] = ("qweight.qdata", "qweight.scale")
 
     def process_weights_after_loading(self) -> None:
         self.qweight = _torchao_int8(self.weight)
@@ -124,8 +124,8 @@ class BnbNf4Rebuilt(_RealLayer):
     and a new QuantState bound."""
 
     library = "bitsandbytes"
-    expected = "qweight"
-    expected_all = ("qweight", "quant_state.absmax")
+    expected: str | None = "qweight"
+    expected_all: tuple[str, ...] = ("qweight", "quant_state.absmax")
 
     def process_weights_after_loading(self) -> None:
         self.qweight, self.quant_state = _nf4(self.weight)
@@ -168,7 +168,7 @@ class BnbLinear4bitRebuilt(_RealLayer):
     every post-processing."""
 
     library = "bitsandbytes"
-    expected = "lin.weight"
+    expected: str | None = "lin.weight"
 
     def process_weights_after_loading(self) -> None:
         self.lin = _linear4bit(self.weight)
@@ -250,8 +250,8 @@ class FirstForwardRepackRebuilt(_RealLayer):
     repacked), so the next forward repacks again into new memory."""
 
     library = "bitsandbytes"
-    expected = "qweight"
-    expected_all = ("qweight", "quant_state.absmax")
+    expected: str | None = "qweight"
+    expected_all: tuple[str, ...] = ("qweight", "quant_state.absmax")
 
     def process_weights_after_loading(self) -> None:
         q, state = _nf4(self.weight)
@@ -402,8 +402,8 @@ class Int8PackMmRebuilt(_RealLayer):
     """torch._weight_int8pack_mm: int8 weight and scales made anew and bound
     on every post-processing."""
 
-    expected = "w_int8"
-    expected_all = ("w_int8", "w_scales")
+    expected: str | None = "w_int8"
+    expected_all: tuple[str, ...] = ("w_int8", "w_scales")
 
     def process_weights_after_loading(self) -> None:
         self.w_int8, self.w_scales = _int8_per_row(self.weight)
@@ -490,8 +490,8 @@ class DispatchSubclassRebuilt(_RealLayer):
     every post-processing."""
 
     nested = False
-    expected = "qweight.qdata"
-    expected_all = ("qweight.qdata", "qweight.scale")
+    expected: str | None = "qweight.qdata"
+    expected_all: tuple[str, ...] = ("qweight.qdata", "qweight.scale")
 
     def process_weights_after_loading(self) -> None:
         self.qweight = _scaled(self.weight, self.nested)
