@@ -56,7 +56,8 @@ def read_tests(testlogs, junit=(), more_testlogs=()):
              "skips": [f"{c.name}: {c.message}" for c in target.cases if c.status == "skipped"]}
         for log in target.logs:
             # RapidCheck prints "OK, passed N tests" per property.
-            text = open(log, errors="replace").read()
+            with open(log, errors="replace") as f:
+                text = f.read()
             for segment in text.split("[ RUN      ] ")[1:]:
                 name = segment.split("\n", 1)[0].strip()
                 m = re.search(r"OK, passed (\d+) tests", segment)
@@ -83,15 +84,18 @@ def main():
     os.makedirs(args.out, exist_ok=True)
 
     targets, torch_versions = read_tests(args.testlogs, args.junit, args.more_testlogs)
-    areas = {}
-    for label, t in targets.items():
+    areas: dict[str, dict[str, int]] = {}
+    for t in targets.values():
         a = areas.setdefault(t["area"], {"passed": 0, "failed": 0, "skipped": 0})
         for k in a:
             a[k] += t[k]
     skips = [f"{label} {s}" for label, t in targets.items() for s in t["skips"]]
     fuzz = {f"{label} {p}": n for label, t in targets.items() for p, n in t["properties"].items()}
 
-    harness = json.load(open(args.harness)) if args.harness and os.path.exists(args.harness) else None
+    harness = None
+    if args.harness and os.path.exists(args.harness):
+        with open(args.harness) as f:
+            harness = json.load(f)
     bench = read_bench(args.bench, args.out) if args.bench else None
 
     md = ["# reloadsafe report", ""]
@@ -129,9 +133,11 @@ def main():
     failed = sum(a["failed"] for a in areas.values())
     harness_bad = harness is not None and not all(b["ok"] for b in harness["backends"])
     bench_bad = bench is not None and bench["failed"]
-    open(os.path.join(args.out, "report.md"), "w").write("\n".join(md) + "\n")
-    json.dump({"torch_versions": torch_versions, "areas": areas, "skips": skips, "fuzz_cases": fuzz, "harness": harness, "bench": bench},
-              open(os.path.join(args.out, "report.json"), "w"), indent=2)
+    with open(os.path.join(args.out, "report.md"), "w") as f:
+        f.write("\n".join(md) + "\n")
+    with open(os.path.join(args.out, "report.json"), "w") as f:
+        json.dump({"torch_versions": torch_versions, "areas": areas, "skips": skips, "fuzz_cases": fuzz, "harness": harness, "bench": bench},
+                  f, indent=2)
 
     print("\n| area | passed | failed | skipped |\n| --- | ---: | ---: | ---: |")
     for area, a in sorted(areas.items()):
@@ -169,7 +175,10 @@ def read_bench(folder, out):
         with open(path) as f:
             verdicts.append(json.load(f))
     rc_path = os.path.join(folder, "compare.rc")
-    rc = int(open(rc_path).read().strip() or 1) if os.path.exists(rc_path) else None
+    rc = None
+    if os.path.exists(rc_path):
+        with open(rc_path) as f:
+            rc = int(f.read().strip() or 1)
     charts = []
     for png in sorted(glob.glob(os.path.join(folder, "**", "*.png"), recursive=True)):
         if os.path.dirname(os.path.abspath(png)) != os.path.abspath(out):

@@ -45,7 +45,7 @@ def case_label(target, case):
 
 def summarize(targets):
     """(rows by package, skipped [(case, reason)], failed [case])."""
-    rows = collections.OrderedDict()
+    rows: collections.OrderedDict[str, collections.Counter[str]] = collections.OrderedDict()
     skipped, failed = [], []
     for target in targets:
         row = rows.setdefault(target.package, collections.Counter())
@@ -82,7 +82,7 @@ def main(argv=None):
     targets += [junit_target(spec) for spec in args.junit]
     rows, skipped, failed = summarize(targets)
 
-    total = collections.Counter()
+    total: collections.Counter[str] = collections.Counter()
     lines = ["| area | passed | failed | skipped |", "| --- | ---: | ---: | ---: |"]
     for package, row in rows.items():
         total.update(row)

@@ -122,7 +122,7 @@ def read_testlogs(testlogs, packages=None):
 
     `packages`: only targets whose first path component is one of these.
     """
-    targets = {}
+    targets: dict[str, Target] = {}
     for folder, _, files in os.walk(testlogs, followlinks=True):
         if "test.xml" not in files:
             continue
@@ -142,7 +142,7 @@ def torch_versions(targets):
     """The torch versions the targets' cases recorded (the `torch_version`
     property of //tools:torch_version_test and of the Python package's tests),
     each with the packages that recorded it: {"2.15.0+cu132": ["python"]}."""
-    found = {}
+    found: dict[str, list[str]] = {}
     for target in targets:
         for case in target.cases:
             version = case.properties.get("torch_version")

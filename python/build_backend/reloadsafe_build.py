@@ -122,7 +122,7 @@ def check_machine(python, env):
     """BuildError with the one command that installs what the build lacks."""
     missing = missing_debian_packages()
     if python_headers_missing(python, env):
-        missing.append("python%d.%d-dev" % sys.version_info[:2])
+        missing.append("python{}.{}-dev".format(*sys.version_info[:2]))
     if missing:
         sudo = "" if os.geteuid() == 0 else "sudo "
         raise BuildError("building reloadsafe needs Debian packages that are missing: install them with\n"
@@ -168,7 +168,7 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
         # One message, without a traceback through pip's hook runner.
         print(f"\nreloadsafe: {e}\n", file=sys.stderr)
         raise SystemExit(1) from None
-    tag = "cp%d%d" % sys.version_info[:2]
+    tag = "cp{}{}".format(*sys.version_info[:2])
     platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
     wheels = glob.glob(os.path.join(bin_dir, "python", f"reloadsafe-*-{tag}-{tag}-{platform}.whl"))
     if len(wheels) != 1:

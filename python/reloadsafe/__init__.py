@@ -28,7 +28,14 @@ from .cases import MAX_CASE_STORAGE_BYTES, evaluate_case, run_cases
 from .check import MODES, ReloadReport, check_reload
 from .errors import ReloadCheckError, ReloadViolation
 from .loading import CheckpointDrawer, default_weight_loader, draw_checkpoint, load_checkpoint
-from .reference import checked_extent, direct_reload, direct_reload_enabled, extent, in_own_storage, storage_view
+from .reference import (
+    checked_extent,
+    direct_reload,
+    direct_reload_enabled,
+    extent,
+    in_own_storage,
+    storage_view,
+)
 from .trace import ObjectRead, OpCall, TensorRead, Trace, trace
 from .walk import NamedObject, NamedTensor, named_objects, named_tensors
 

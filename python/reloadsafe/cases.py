@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Iterable, List, Union
+from collections.abc import Iterable
+from typing import Any
 
 from ._loader import _C
 
@@ -21,7 +22,7 @@ __all__ = ["evaluate_case", "run_cases", "MAX_CASE_STORAGE_BYTES"]
 MAX_CASE_STORAGE_BYTES: int = _C.MAX_CASE_STORAGE_BYTES
 
 
-def evaluate_case(case: Union[str, Dict[str, Any]]) -> Dict[str, Any]:
+def evaluate_case(case: str | dict[str, Any]) -> dict[str, Any]:
     """Evaluates one case (a JSON line, or the case as a dict) with the C++
     reference and returns its result: the case's ``id`` and either the
     operation's outputs or ``error``. Never raises for a bad case: the error
@@ -30,7 +31,7 @@ def evaluate_case(case: Union[str, Dict[str, Any]]) -> Dict[str, Any]:
     return json.loads(_C.evaluate_case(line))
 
 
-def run_cases(source: Union[str, os.PathLike, Iterable[str]]) -> List[Dict[str, Any]]:
+def run_cases(source: str | os.PathLike | Iterable[str]) -> list[dict[str, Any]]:
     """Evaluates every case of a case file (a path) or of an iterable of case
     lines, in order, and returns one result per case. Blank lines are not
     cases and yield nothing, as in ``bazel run //conformance:cases``."""

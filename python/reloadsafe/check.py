@@ -16,13 +16,21 @@ import functools
 import gc
 import json
 import numbers
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Union
 
 import torch
 
 from ._loader import _C
 from .errors import ReloadCheckError, ReloadViolation
-from .loading import Checkpoint, CheckpointDrawer, checkpoint_layouts, describe, is_dense, load_checkpoint
+from .loading import (
+    Checkpoint,
+    CheckpointDrawer,
+    checkpoint_layouts,
+    describe,
+    is_dense,
+    load_checkpoint,
+)
 from .walk import named_objects, named_tensors
 
 __all__ = ["check_reload", "ReloadReport", "MODES"]
@@ -65,7 +73,7 @@ class ReloadReport:
         """The report in the C++ harness's JSON schema (one backend)."""
         return _C.to_json([self._report], self._options)
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """``json()`` parsed: this layer's entry (name, ok, and per mode the
         violations, warnings, flagged names, read counts and memory)."""
         return json.loads(self.json())["backends"][0]
@@ -75,23 +83,23 @@ class ReloadReport:
         return _C.to_table([self._report])
 
     @property
-    def modes(self) -> Dict[str, Dict[str, Any]]:
+    def modes(self) -> dict[str, dict[str, Any]]:
         """Per mode ("normal", "direct"): the JSON entry of that mode."""
         return self.to_dict()["modes"]
 
     @property
-    def flagged(self) -> List[str]:
+    def flagged(self) -> list[str]:
         """Every distinct tensor name and traced read flagged, in any mode."""
-        out: List[str] = []
+        out: list[str] = []
         for m in self._report.modes:
             out += [f for f in m.flagged if f not in out]
         return out
 
     @property
-    def errors(self) -> List[str]:
+    def errors(self) -> list[str]:
         return [m.error for m in self._report.modes if m.error]
 
-    def raise_for_violations(self) -> "ReloadReport":
+    def raise_for_violations(self) -> ReloadReport:
         """Raises ``ReloadViolation`` with the table unless ``ok``."""
         if not self.ok:
             raise ReloadViolation(self.table(), self)
@@ -107,10 +115,10 @@ class ReloadReport:
 class _Subject(_C.ReloadSubject):
     """The Python layer as the protocol's ReloadSubject."""
 
-    def __init__(self, spec: "_Spec") -> None:
+    def __init__(self, spec: _Spec) -> None:
         _C.ReloadSubject.__init__(self)
         self.spec = spec
-        self.live: Optional[torch.nn.Module] = None
+        self.live: torch.nn.Module | None = None
 
     # What the protocol calls.
     def name(self) -> str:
@@ -138,11 +146,11 @@ class _Subject(_C.ReloadSubject):
     def fresh_forward(self, ckpt: Checkpoint, x: torch.Tensor) -> torch.Tensor:
         return self.spec.fresh_forward(ckpt, x)
 
-    def named_tensors(self) -> List[Any]:
+    def named_tensors(self) -> list[Any]:
         assert self.live is not None
         return self.spec.named(self.live)
 
-    def named_objects(self) -> List[Any]:
+    def named_objects(self) -> list[Any]:
         assert self.live is not None
         return [_C.NamedObject(no.name, no.obj) for no in named_objects(self.live)]
 
@@ -153,7 +161,7 @@ class _Subject(_C.ReloadSubject):
         self.live = None
         gc.collect()
 
-    def modes(self) -> List[Any]:
+    def modes(self) -> list[Any]:
         return [_C.ReloadMode.normal if m == "normal" else _C.ReloadMode.direct for m in self.spec.modes]
 
     def negative_control(self) -> bool:
@@ -172,16 +180,16 @@ class _Spec:
     def __init__(
         self,
         layer: LayerOrFactory,
-        example_input: Union[torch.Tensor, Callable[[int], torch.Tensor]],
-        load: Optional[LoadFn],
-        process: Optional[ProcessFn],
-        forward: Optional[ForwardFn],
-        make_checkpoint: Optional[Callable[[int], Mapping[str, torch.Tensor]]],
+        example_input: torch.Tensor | Callable[[int], torch.Tensor],
+        load: LoadFn | None,
+        process: ProcessFn | None,
+        forward: ForwardFn | None,
+        make_checkpoint: Callable[[int], Mapping[str, torch.Tensor]] | None,
         modes: Sequence[str],
         device: torch.device,
-        name: Optional[str],
+        name: str | None,
         undeclared: Iterable[str],
-        expect_violation: Optional[str],
+        expect_violation: str | None,
         memory_tolerance_bytes: int,
     ) -> None:
         if isinstance(layer, torch.nn.Module):
@@ -341,6 +349,7 @@ class _Spec:
         """After a load, every checkpoint tensor that names a parameter or
         buffer is there in the checkpoint's shape and dtype."""
         for name, t in ckpt.items():
+            target: torch.Tensor  # a Parameter or a buffer
             try:
                 target = layer.get_parameter(name)
             except AttributeError:
@@ -374,7 +383,7 @@ class _Spec:
             )
         return x.to(self.device)
 
-    def named(self, layer: torch.nn.Module) -> List[Any]:
+    def named(self, layer: torch.nn.Module) -> list[Any]:
         out = []
         for nt in named_tensors(layer):
             declared = nt.tensor.numel() > 0 and nt.name not in self.undeclared
@@ -417,7 +426,7 @@ def _layout(t: torch.Tensor) -> str:
 
 def _pack_hint(t: torch.Tensor) -> str:
     """What to do in post-processing to get from a dense tensor to ``t``'s form."""
-    if t.layout == torch._mkldnn:  # type: ignore[attr-defined]
+    if t.layout == torch._mkldnn:  # type: ignore[attr-defined, unused-ignore]  # torch's types do not export _mkldnn; unused without torch installed
         return "convert it (to_mkldnn, torch.utils.mkldnn) or pack it"
     if t.layout != torch.strided:
         return f"make it {str(t.layout).replace('torch.', '')}"
@@ -439,20 +448,20 @@ def _whole_number(name: str, value: Any, minimum: int, example: int) -> int:
 
 def check_reload(
     layer: LayerOrFactory,
-    example_input: Union[torch.Tensor, Callable[[int], torch.Tensor]],
+    example_input: torch.Tensor | Callable[[int], torch.Tensor],
     *,
-    load: Optional[LoadFn] = None,
-    process: Optional[ProcessFn] = None,
-    forward: Optional[ForwardFn] = None,
-    make_checkpoint: Optional[Callable[[int], Mapping[str, torch.Tensor]]] = None,
+    load: LoadFn | None = None,
+    process: ProcessFn | None = None,
+    forward: ForwardFn | None = None,
+    make_checkpoint: Callable[[int], Mapping[str, torch.Tensor]] | None = None,
     reloads: int = 10,
     modes: Sequence[str] = MODES,
-    device: Union[str, torch.device, None] = None,
+    device: str | torch.device | None = None,
     seed: int = 1,
-    name: Optional[str] = None,
+    name: str | None = None,
     undeclared: Iterable[str] = (),
     memory_tolerance_bytes: int = 0,
-    expect_violation: Optional[str] = None,
+    expect_violation: str | None = None,
     trace: bool = True,
 ) -> ReloadReport:
     """Checks that reloading weights into a layer keeps every address a

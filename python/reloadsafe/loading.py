@@ -3,7 +3,8 @@ checkpoints from a layer's parameters, and the default load through each
 parameter's ``weight_loader``."""
 from __future__ import annotations
 
-from typing import Callable, Dict, Mapping, Optional, Tuple
+from collections.abc import Mapping
+from typing import Callable
 
 import torch
 
@@ -16,10 +17,10 @@ __all__ = [
 ]
 
 #: A checkpoint: tensor name -> tensor (on the CPU, as an mmap'd checkpoint is).
-Checkpoint = Dict[str, torch.Tensor]
+Checkpoint = dict[str, torch.Tensor]
 
 #: name -> (shape, dtype) of every checkpoint tensor.
-Layouts = Dict[str, Tuple[Tuple[int, ...], torch.dtype]]
+Layouts = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
 
 def checkpoint_layouts(module: torch.nn.Module) -> Layouts:
@@ -44,7 +45,7 @@ def is_dense(t: torch.Tensor) -> bool:
 def describe(t: torch.Tensor) -> str:
     """``t``'s form for messages: "a mkldnn float32[16, 64] tensor",
     "a sparse_coo ...", "a quantized qint8[...] tensor", "a dense ..."."""
-    if t.layout == torch._mkldnn:  # type: ignore[attr-defined]
+    if t.layout == torch._mkldnn:  # type: ignore[attr-defined, unused-ignore]  # torch's types do not export _mkldnn; unused without torch installed
         kind = "mkldnn"
     elif t.layout != torch.strided:
         kind = str(t.layout).replace("torch.", "")
@@ -94,7 +95,7 @@ class CheckpointDrawer:
 
     def __init__(self, layouts: Layouts) -> None:
         self.layouts = dict(layouts)
-        self._pools: Dict[str, torch.Tensor] = {}
+        self._pools: dict[str, torch.Tensor] = {}
 
     def _pool(self, index: int, name: str) -> torch.Tensor:
         pool = self._pools.get(name)
@@ -139,7 +140,7 @@ class CheckpointDrawer:
         return ckpt
 
 
-def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor, *, device: Optional[torch.device] = None) -> None:
+def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor, *, device: torch.device | None = None) -> None:
     """Writes ``loaded`` into ``param`` in the checkpoint's layout, keeping
     ``param``'s object and, where it fits, its storage.
 
@@ -203,7 +204,7 @@ def _lookup(module: torch.nn.Module, name: str) -> torch.Tensor:
 
 
 def load_checkpoint(
-    module: torch.nn.Module, checkpoint: Mapping[str, torch.Tensor], *, device: Optional[torch.device] = None
+    module: torch.nn.Module, checkpoint: Mapping[str, torch.Tensor], *, device: torch.device | None = None
 ) -> None:
     """Loads ``checkpoint`` into ``module`` as an inference engine does:
     through each parameter's ``weight_loader(param, loaded)`` attribute where
@@ -215,7 +216,7 @@ def load_checkpoint(
     dense (mkldnn, sparse, quantized)."""
     for name, loaded in checkpoint.items():
         target = _lookup(module, name)
-        loader: Optional[Callable[[torch.Tensor, torch.Tensor], None]] = getattr(target, "weight_loader", None)
+        loader: Callable[[torch.Tensor, torch.Tensor], None] | None = getattr(target, "weight_loader", None)
         if loader is not None:
             loader(target, loaded)
             continue

@@ -14,7 +14,8 @@ No function here grows, shrinks, reallocates or moves a storage.
 """
 from __future__ import annotations
 
-from typing import ContextManager, Optional, Sequence, Union
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 
 import torch
 
@@ -47,7 +48,7 @@ def in_own_storage(old: torch.Tensor, new: torch.Tensor, whole_storage: bool = F
 
 
 def storage_view(
-    storage: Union[torch.Tensor, torch.UntypedStorage, torch.TypedStorage],
+    storage: torch.Tensor | torch.UntypedStorage | torch.TypedStorage,
     offset: int,
     shape: Sequence[int],
     stride: Sequence[int],
@@ -60,9 +61,7 @@ def storage_view(
     Never moves memory; raises ``RuntimeError`` if the view would not fit the
     storage (where ``Tensor.set_`` would silently grow it).
     """
-    if isinstance(storage, torch.Tensor):
-        storage = storage.untyped_storage()
-    elif isinstance(storage, torch.TypedStorage):
+    if isinstance(storage, (torch.Tensor, torch.TypedStorage)):
         storage = storage.untyped_storage()
     elif not isinstance(storage, torch.UntypedStorage):
         raise TypeError(
@@ -82,7 +81,7 @@ def extent(tensor: torch.Tensor) -> int:
     return _C.extent(tensor)
 
 
-def checked_extent(sizes: Sequence[int], strides: Sequence[int]) -> Optional[int]:
+def checked_extent(sizes: Sequence[int], strides: Sequence[int]) -> int | None:
     """The extent of a layout given as sizes and strides (in elements), or
     ``None`` when the arithmetic overflows int64. Raises on negative sizes or
     strides and on ranks that differ."""
@@ -97,7 +96,7 @@ def direct_reload_enabled() -> bool:
     return _C.direct_reload_enabled()
 
 
-def direct_reload(enabled: bool = True) -> ContextManager[None]:
+def direct_reload(enabled: bool = True) -> AbstractContextManager[None]:
     """A context manager that sets the direct-reload flag on this thread for
     its block and restores the previous value when it ends (also on an
     exception)::

@@ -42,8 +42,9 @@ graph replay still catches a stale read by such a kernel.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any
 
 import torch
 
@@ -62,7 +63,7 @@ class TensorRead:
     depth: int  #: 0: called by the traced code; n: called inside a depth n-1 op
     arg: int  #: index of the argument in the op's schema
     arg_name: str  #: the schema's name for it ("self", "mat2")
-    element: Optional[int]  #: index in a Tensor[] argument, else None
+    element: int | None  #: index in a Tensor[] argument, else None
     written: bool  #: the schema says the op writes it (in-place, out=)
     external: bool  #: see the module docstring
     #: a tensor that dispatches in Python (a wrapper subclass): no storage
@@ -76,8 +77,8 @@ class TensorRead:
     storage_nbytes: int
     data_ptr: int
     storage_offset: int  #: in elements
-    sizes: Tuple[int, ...]
-    strides: Tuple[int, ...]
+    sizes: tuple[int, ...]
+    strides: tuple[int, ...]
     dtype: torch.dtype
     device: torch.device
     layout: str  #: "Float[16, 64] stride [64, 1] offset 0 on cpu"
@@ -121,8 +122,8 @@ class OpCall:
 
     name: str
     depth: int
-    reads: Tuple[TensorRead, ...]
-    objects: Tuple[ObjectRead, ...] = ()
+    reads: tuple[TensorRead, ...]
+    objects: tuple[ObjectRead, ...] = ()
 
 
 class Trace:
@@ -131,11 +132,11 @@ class Trace:
 
     def __init__(self, nested: bool = True) -> None:
         self._nested = nested
-        self._native: Optional[object] = None
-        self._ops: Optional[List[OpCall]] = None
+        self._native: object | None = None
+        self._ops: list[OpCall] | None = None
         self._entered = False
 
-    def __enter__(self) -> "Trace":
+    def __enter__(self) -> Trace:
         if self._entered:
             raise RuntimeError("reloadsafe.trace(): a trace is entered once; make a new one")
         self._entered = True
@@ -148,7 +149,7 @@ class Trace:
         self._native = None  # releases the C++ trace and what it kept
 
     @property
-    def ops(self) -> List[OpCall]:
+    def ops(self) -> list[OpCall]:
         """Every op seen, in call order."""
         if self._ops is None:
             raise RuntimeError("reloadsafe.trace(): the results are there once the with block has ended")
@@ -159,23 +160,23 @@ class Trace:
         for op in self.ops:
             yield from op.reads
 
-    def external_reads(self) -> List[TensorRead]:
+    def external_reads(self) -> list[TensorRead]:
         """The reads whose storage existed before the block: what a captured
         graph would read from memory it does not own."""
         return [r for r in self.reads() if r.external]
 
-    def object_reads(self) -> List[ObjectRead]:
+    def object_reads(self) -> list[ObjectRead]:
         """Every opaque-object argument of every op, in call order."""
         return [o for op in self.ops for o in op.objects]
 
-    def named_reads(self, module: torch.nn.Module) -> List[Tuple[TensorRead, Optional[str]]]:
+    def named_reads(self, module: torch.nn.Module) -> list[tuple[TensorRead, str | None]]:
         """Each external read with the name (``named_tensors(module)``) of the
         tensor whose storage it reads, or None when the module does not reach
         it (a kernel object outside the module, a global) and for a
         wrapper-subclass read (it has no storage of its own). Only data
         pointers the trace recorded are compared: no storage of a wrapper,
         sparse or mkldnn tensor is touched."""
-        by_storage: Dict[int, str] = {}
+        by_storage: dict[int, str] = {}
         for nt in named_tensors(module):
             ptr = _storage_data_ptr(nt.tensor)
             if ptr:
@@ -185,13 +186,13 @@ class Trace:
             for r in self.external_reads()
         ]
 
-    def named_object_reads(self, module: torch.nn.Module) -> List[Tuple[ObjectRead, Optional[str]]]:
+    def named_object_reads(self, module: torch.nn.Module) -> list[tuple[ObjectRead, str | None]]:
         """Each opaque-object read with the name (``named_objects(module)``)
         of the object, or None when the module does not reach it."""
         by_identity = {_C.object_identity(no.obj): no.name for no in named_objects(module)}
         return [(o, by_identity.get(o.identity)) for o in self.object_reads()]
 
-    def format(self, module: Optional[torch.nn.Module] = None) -> str:
+    def format(self, module: torch.nn.Module | None = None) -> str:
         """The external reads and the object reads as a table: op and
         argument, name (with a module) and layout (for an object, its
         class)."""

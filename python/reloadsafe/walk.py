@@ -43,10 +43,11 @@ when the forward reads it.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import types
 from dataclasses import dataclass
-from typing import Any, Dict, List, Set, Tuple
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
@@ -135,14 +136,14 @@ def _key(k: Any) -> str:
 class _Walker:
     def __init__(self, max_depth: int) -> None:
         self.max_depth = max_depth
-        self.seen_tensors: Set[int] = set()
-        self.entered: Set[int] = set()
-        self.out: List[NamedTensor] = []
-        self.objects: List[NamedObject] = []
+        self.seen_tensors: set[int] = set()
+        self.entered: set[int] = set()
+        self.out: list[NamedTensor] = []
+        self.objects: list[NamedObject] = []
         # Tensors whose own attributes (``t.__dict__``) are still to walk:
         # walked after every module's parameters and buffers, so a tensor an
         # attribute also reaches keeps its declared name.
-        self.tensor_attrs: List[Tuple[str, torch.Tensor, int]] = []
+        self.tensor_attrs: list[tuple[str, torch.Tensor, int]] = []
 
     def add(self, name: str, t: torch.Tensor, kind: str, depth: int = 0) -> None:
         if id(t) in self.seen_tensors:
@@ -189,7 +190,7 @@ class _Walker:
         if id(m) in self.entered:
             return
         mods = [(n, sub) for n, sub in m.named_modules(prefix=prefix, remove_duplicate=True)]
-        for n, sub in mods:
+        for _, sub in mods:
             self.entered.add(id(sub))
         for n, sub in mods:
             for pn, p in sub._parameters.items():
@@ -218,7 +219,7 @@ class _Walker:
             return
         self.entered.add(id(obj))
         d = depth + 1
-        if isinstance(obj, dict) or isinstance(obj, types.MappingProxyType):
+        if isinstance(obj, (dict, types.MappingProxyType)):
             for k, v in list(obj.items()):
                 self.value(name + _key(k), v, d, "container")
         elif isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
@@ -266,20 +267,16 @@ class _Walker:
             self.value(f"{name}.{k}", v, depth, "object")
 
     def attributes(self, name: str, obj: Any, depth: int) -> None:
-        attrs: Dict[str, Any] = {}
+        attrs: dict[str, Any] = {}
         for cls in type(obj).__mro__:
             slots = cls.__dict__.get("__slots__", ())
             for slot in (slots,) if isinstance(slots, str) else slots:
                 if not isinstance(slot, str) or slot in ("__dict__", "__weakref__"):
                     continue
-                try:
+                with contextlib.suppress(AttributeError):
                     attrs.setdefault(slot, getattr(obj, slot))
-                except AttributeError:
-                    pass
-        try:
+        with contextlib.suppress(TypeError):
             attrs.update(vars(obj))
-        except TypeError:
-            pass
         for k, v in attrs.items():
             self.value(f"{name}.{k}", v, depth, "object")
 
@@ -299,7 +296,7 @@ def _walk(what: str, module: torch.nn.Module, max_depth: int) -> _Walker:
     return w
 
 
-def named_tensors(module: torch.nn.Module, *, max_depth: int = DEFAULT_MAX_DEPTH) -> List[NamedTensor]:
+def named_tensors(module: torch.nn.Module, *, max_depth: int = DEFAULT_MAX_DEPTH) -> list[NamedTensor]:
     """Every distinct tensor reachable from ``module``, each once, under the
     first name it is found by: parameters and buffers of the whole module tree
     first (in ``named_parameters`` / ``named_buffers`` order), then tensor
@@ -318,7 +315,7 @@ def named_tensors(module: torch.nn.Module, *, max_depth: int = DEFAULT_MAX_DEPTH
     return _walk("named_tensors", module, max_depth).out
 
 
-def named_objects(module: torch.nn.Module, *, max_depth: int = DEFAULT_MAX_DEPTH) -> List[NamedObject]:
+def named_objects(module: torch.nn.Module, *, max_depth: int = DEFAULT_MAX_DEPTH) -> list[NamedObject]:
     """Every distinct TorchScript custom-class object (``torch.ScriptObject``:
     fbgemm's packed linear weights, a ``torch.classes`` kernel handle)
     reachable from ``module``, each once, under the first name it is found by

@@ -225,7 +225,7 @@ class ClosureWeight(torch.nn.Module):
         return self.fn(x)
 
 
-_KERNELS = {}  # kernel objects outside any module, keyed by layer
+_KERNELS: dict[int, "_TransposedKernel"] = {}  # kernel objects outside any module, keyed by layer
 
 
 class _TransposedKernel:
@@ -272,7 +272,7 @@ class RebuiltScale(torch.nn.Module):
         return torch.mm(x, (self.weight / self.col_scale).t())
 
 
-_LEAKED = []
+_LEAKED: list[torch.Tensor] = []
 
 
 class Leak(torch.nn.Module):

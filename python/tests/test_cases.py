@@ -18,7 +18,7 @@ def test_there_are_golden_cases():
 @pytest.mark.parametrize("area", AREAS)
 def test_golden_file_matches_expected(area):
     results = reloadsafe.run_cases(ROOT / "golden" / f"{area}.jsonl")
-    expected = [json.loads(l) for l in (ROOT / "golden" / f"{area}.expected.jsonl").read_text().splitlines() if l.strip()]
+    expected = [json.loads(line) for line in (ROOT / "golden" / f"{area}.expected.jsonl").read_text().splitlines() if line.strip()]
     assert results == expected
 
 

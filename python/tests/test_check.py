@@ -3,6 +3,7 @@ control is flagged by the right name, bad input gets an error naming what
 to fix."""
 import json
 import warnings
+from typing import Any, cast
 
 import pytest
 import torch
@@ -200,11 +201,11 @@ def test_reloads_must_be_a_whole_number(value):
 
 def test_seed_tolerance_modes_and_device_are_checked():
     with pytest.raises(ReloadCheckError, match="seed must be an int, got str"):
-        check_reload(sl.Transposed, torch.randn(8, 32), seed="1")
+        check_reload(sl.Transposed, torch.randn(8, 32), seed=cast(Any, "1"))
     with pytest.raises(ReloadCheckError, match="seed must be at least 0, got -1"):
         check_reload(sl.Transposed, torch.randn(8, 32), seed=-1)
     with pytest.raises(ReloadCheckError, match="memory_tolerance_bytes must be an int, got float"):
-        check_reload(sl.Transposed, torch.randn(8, 32), memory_tolerance_bytes=1.5)
+        check_reload(sl.Transposed, torch.randn(8, 32), memory_tolerance_bytes=cast(Any, 1.5))
     with pytest.raises(ReloadCheckError, match=r"modes must be a sequence of modes, got the string 'normal': pass modes=\('normal',\)"):
         check_reload(sl.Transposed, torch.randn(8, 32), modes="normal")
     with pytest.raises(ReloadCheckError, match="device='gpu0' is not a device"):
@@ -366,7 +367,8 @@ def test_a_cycle_made_by_a_reload_is_collected_before_memory_is_counted():
 
         def process_weights_after_loading(self):
             super().process_weights_after_loading()
-            a, b = {}, {}
+            a: dict[str, object] = {}
+            b: dict[str, object] = {}
             a["b"], b["a"] = b, a
             a["copy"] = self.weight.detach().clone()
 

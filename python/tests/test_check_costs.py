@@ -121,7 +121,7 @@ def test_the_callers_gc_state_is_left_as_it_was():
     check_reload(_CycleEachReload, torch.randn(4, 64), reloads=1)
     assert gc.get_freeze_count() == 0
     # A caller that froze objects keeps its freeze (and the check still works).
-    keep = [[] for _ in range(10)]
+    keep: list[list[object]] = [[] for _ in range(10)]
     gc.freeze()
     try:
         frozen = gc.get_freeze_count()

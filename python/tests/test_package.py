@@ -29,8 +29,8 @@ TORCH_RANGE = f"torch>={OLDEST[0]}.{OLDEST[1]},<{NEWEST[0]}.{NEWEST[1] + 1}"
 def test_extension_matches_this_torch(record_testsuite_property):
     # The torch tested, for the test summary and the main job's report.
     record_testsuite_property("torch_version", torch.__version__)
-    assert reloadsafe._C.TORCH_VERSION == torch.__version__.split("+")[0]
-    assert reloadsafe._C.GLIBCXX_USE_CXX11_ABI == bool(torch._C._GLIBCXX_USE_CXX11_ABI)
+    assert torch.__version__.split("+")[0] == reloadsafe._C.TORCH_VERSION
+    assert bool(torch._C._GLIBCXX_USE_CXX11_ABI) == reloadsafe._C.GLIBCXX_USE_CXX11_ABI
 
 
 def test_this_torch_is_in_the_supported_range():

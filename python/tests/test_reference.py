@@ -90,7 +90,6 @@ def test_direct_reload_flag_is_scoped_and_restored_on_error():
             assert not reloadsafe.direct_reload_enabled()
         assert reloadsafe.direct_reload_enabled()
     assert not reloadsafe.direct_reload_enabled()
-    with pytest.raises(KeyError):
-        with reloadsafe.direct_reload():
-            raise KeyError("boom")
+    with pytest.raises(KeyError), reloadsafe.direct_reload():
+        raise KeyError("boom")
     assert not reloadsafe.direct_reload_enabled()

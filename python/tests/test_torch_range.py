@@ -18,6 +18,7 @@ BACKEND = pathlib.Path(__file__).resolve().parents[1] / "build_backend" / "reloa
 @pytest.fixture(scope="module")
 def backend():
     spec = importlib.util.spec_from_file_location("reloadsafe_build", BACKEND)
+    assert spec is not None and spec.loader is not None, BACKEND
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -101,7 +102,9 @@ def test_a_deprecation_warned_from_our_code_fails_the_test():
     # the tests' own modules into errors: a newer torch that deprecates what
     # we call (quantized tensor creation in 2.15) must fail the tests, not
     # print a warning.
+    # stacklevel=1 (the default): the warnings must be attributed to this
+    # module, which the filters match; a caller's module would not be.
     with pytest.raises(UserWarning, match="deprecated"):
-        warnings.warn("torch.quantize_per_tensor is deprecated", UserWarning)
+        warnings.warn("torch.quantize_per_tensor is deprecated", UserWarning, stacklevel=1)
     with pytest.raises(DeprecationWarning):
-        warnings.warn("old API", DeprecationWarning)
+        warnings.warn("old API", DeprecationWarning, stacklevel=1)

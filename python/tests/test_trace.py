@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import reloadsafe
+
 import sample_layers as sl
 
 
@@ -104,10 +105,9 @@ def test_another_threads_ops_are_not_recorded():
 
 
 def test_a_block_that_raises_stops_the_trace():
-    with pytest.raises(ValueError):
-        with reloadsafe.trace() as t:
-            torch.neg(torch.ones(2))
-            raise ValueError("boom")
+    with pytest.raises(ValueError), reloadsafe.trace() as t:
+        torch.neg(torch.ones(2))
+        raise ValueError("boom")
     n = len(t.ops)
     torch.neg(torch.ones(2))
     assert len(t.ops) == n
@@ -116,12 +116,11 @@ def test_a_block_that_raises_stops_the_trace():
 def test_results_only_after_the_block_and_a_trace_is_entered_once():
     tr = reloadsafe.trace()
     with pytest.raises(RuntimeError, match="once the with block has ended"):
-        tr.ops
+        _ = tr.ops
     with tr:
         pass
-    with pytest.raises(RuntimeError, match="entered once"):
-        with tr:
-            pass
+    with pytest.raises(RuntimeError, match="entered once"), tr:
+        pass
 
 
 def test_a_trace_inside_another_records_in_both():

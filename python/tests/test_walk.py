@@ -3,6 +3,7 @@ use to reach it in Python."""
 import collections
 import functools
 import types
+from typing import Any
 
 import pytest
 import torch
@@ -57,7 +58,7 @@ def _layer():
     layer.slotted = Slotted(torch.zeros(6))
     layer.pair = Pair(torch.ones(1), torch.zeros(1))
 
-    def with_default(x, bias=torch.ones(2)):
+    def with_default(x, bias=torch.ones(2)):  # noqa: B008 - the walk must find a tensor default
         return x + bias
 
     layer.defaulted = with_default
@@ -143,7 +144,7 @@ def test_cycles_terminate():
     b = [a]
     a["b"] = b
     layer.a = a
-    obj = Kernel(torch.zeros(1))
+    obj: Any = Kernel(torch.zeros(1))  # given an attribute Kernel does not declare
     obj.me = obj
     layer.obj = obj
     layer.selfref = layer  # a module attribute pointing back at the module

@@ -23,6 +23,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import reloadsafe  # noqa: E402
+
 import real_layers as rl  # noqa: E402
 
 
@@ -54,6 +55,7 @@ def main() -> int:
             start = time.perf_counter()
             report = reloadsafe.check_reload(cls, x, reloads=args.reloads)
             times.append(time.perf_counter() - start)
+        assert report is not None, "--repeat must be at least 1"
         verdict = _verdict(cls, report)
         wrong += "wrong" in verdict
         flagged = ", ".join(report.flagged) if report.flagged else "-"

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import weakref
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -53,10 +53,10 @@ class _RealLayer(torch.nn.Module):
     """A dense checkpoint (``weight``, ``bias``) and a kernel made from it."""
 
     input_shape = INPUT_SHAPE
-    library: Optional[str] = None  # the module pytest.importorskip needs
-    expected: Optional[str] = None  # rebuilt variants: a name that must be flagged
+    library: str | None = None  # the module pytest.importorskip needs
+    expected: str | None = None  # rebuilt variants: a name that must be flagged
     #: rebuilt variants: every name in here must be among the flagged ones
-    expected_all: Tuple[str, ...] = ()
+    expected_all: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         super().__init__()
@@ -83,8 +83,8 @@ class TorchaoInt8Rebuilt(_RealLayer):
     new Int8Tensor bound as ``qweight``."""
 
     library = "torchao"
-    expected = "qweight.qdata"
-    expected_all = ("qweight.qdata", "qweight.scale")
+    expected: str | None = "qweight.qdata"
+    expected_all: tuple[str, ...] = ("qweight.qdata", "qweight.scale")
 
     def process_weights_after_loading(self) -> None:
         self.qweight = _torchao_int8(self.weight)
@@ -113,7 +113,7 @@ class TorchaoInt8InPlace(TorchaoInt8Rebuilt):
 # dequantize_4bit (a torch.library op with a CPU kernel) reverses it.
 
 
-def _nf4(weight: torch.Tensor) -> Tuple[torch.Tensor, Any]:
+def _nf4(weight: torch.Tensor) -> tuple[torch.Tensor, Any]:
     import bitsandbytes.functional as bnbf
 
     return bnbf.quantize_4bit(weight.detach().contiguous(), blocksize=64, quant_type="nf4")
@@ -124,8 +124,8 @@ class BnbNf4Rebuilt(_RealLayer):
     and a new QuantState bound."""
 
     library = "bitsandbytes"
-    expected = "qweight"
-    expected_all = ("qweight", "quant_state.absmax")
+    expected: str | None = "qweight"
+    expected_all: tuple[str, ...] = ("qweight", "quant_state.absmax")
 
     def process_weights_after_loading(self) -> None:
         self.qweight, self.quant_state = _nf4(self.weight)
@@ -168,7 +168,7 @@ class BnbLinear4bitRebuilt(_RealLayer):
     every post-processing."""
 
     library = "bitsandbytes"
-    expected = "lin.weight"
+    expected: str | None = "lin.weight"
 
     def process_weights_after_loading(self) -> None:
         self.lin = _linear4bit(self.weight)
@@ -231,7 +231,7 @@ def _refill_quant_state(old: Any, new: Any) -> None:
 _BLOCK_N = 32
 
 
-def _repack_for_cpu(q: torch.Tensor, absmax: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def _repack_for_cpu(q: torch.Tensor, absmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     flat = q.reshape(-1)
     codes = torch.stack([flat >> 4, flat & 0xF], dim=1).reshape(OUT, IN)  # one NF4 code per byte
     packed = codes.reshape(OUT // _BLOCK_N, _BLOCK_N, IN).transpose(1, 2).contiguous()
@@ -250,8 +250,8 @@ class FirstForwardRepackRebuilt(_RealLayer):
     repacked), so the next forward repacks again into new memory."""
 
     library = "bitsandbytes"
-    expected = "qweight"
-    expected_all = ("qweight", "quant_state.absmax")
+    expected: str | None = "qweight"
+    expected_all: tuple[str, ...] = ("qweight", "quant_state.absmax")
 
     def process_weights_after_loading(self) -> None:
         q, state = _nf4(self.weight)
@@ -310,7 +310,7 @@ LINEAR_DYNAMIC = "quantized::linear_dynamic_fp16" if QUANTIZED_TENSORS_DEPRECATE
 _DYNAMIC_DTYPE = torch.float16 if QUANTIZED_TENSORS_DEPRECATED else torch.qint8
 
 
-def _prepack(weight: torch.Tensor, bias: Optional[torch.Tensor]) -> Any:
+def _prepack(weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
     b = None if bias is None else bias.detach()
     if QUANTIZED_TENSORS_DEPRECATED:
         return torch.ops.quantized.linear_prepack_fp16(weight.detach(), b)
@@ -356,7 +356,7 @@ class FbgemmPrepackKept(_RealLayer):
         return _linear_dynamic(x, self.packed) + F.linear(x, self.weight, self.bias)
 
 
-def _quantize_dynamic(weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.nn.Module:
+def _quantize_dynamic(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.nn.Module:
     lin = torch.nn.Linear(IN, OUT, bias=bias is not None)
     lin.weight.data = weight.detach().clone()
     if bias is not None:
@@ -393,7 +393,7 @@ class QuantizeDynamicKept(_RealLayer):
 # torch._weight_int8pack_mm: int8 weight [N, K] with per-row scales.
 
 
-def _int8_per_row(weight: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def _int8_per_row(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scales = weight.abs().amax(dim=1).clamp_min(1e-8) / 127.0
     return (weight / scales[:, None]).round().clamp(-127, 127).to(torch.int8), scales
 
@@ -402,8 +402,8 @@ class Int8PackMmRebuilt(_RealLayer):
     """torch._weight_int8pack_mm: int8 weight and scales made anew and bound
     on every post-processing."""
 
-    expected = "w_int8"
-    expected_all = ("w_int8", "w_scales")
+    expected: str | None = "w_int8"
+    expected_all: tuple[str, ...] = ("w_int8", "w_scales")
 
     def process_weights_after_loading(self) -> None:
         self.w_int8, self.w_scales = _int8_per_row(self.weight)
@@ -439,18 +439,18 @@ class ScaledWeight(torch.Tensor):
     captured call needs are implemented."""
 
     @staticmethod
-    def __new__(cls, qdata: torch.Tensor, scale: torch.Tensor) -> "ScaledWeight":
+    def __new__(cls, qdata: torch.Tensor, scale: torch.Tensor) -> ScaledWeight:
         return torch.Tensor._make_wrapper_subclass(cls, qdata.shape, dtype=scale.dtype, device=qdata.device)
 
     def __init__(self, qdata: torch.Tensor, scale: torch.Tensor) -> None:
         self.qdata = qdata
         self.scale = scale
 
-    def __tensor_flatten__(self) -> Tuple[List[str], None]:
+    def __tensor_flatten__(self) -> tuple[list[str], None]:
         return ["qdata", "scale"], None
 
     @staticmethod
-    def __tensor_unflatten__(inner: Dict[str, torch.Tensor], ctx: None, outer_size: Any, outer_stride: Any) -> "ScaledWeight":
+    def __tensor_unflatten__(inner: dict[str, torch.Tensor], ctx: None, outer_size: Any, outer_stride: Any) -> ScaledWeight:
         return ScaledWeight(inner["qdata"], inner["scale"])
 
     def __repr__(self) -> str:
@@ -490,8 +490,8 @@ class DispatchSubclassRebuilt(_RealLayer):
     every post-processing."""
 
     nested = False
-    expected = "qweight.qdata"
-    expected_all = ("qweight.qdata", "qweight.scale")
+    expected: str | None = "qweight.qdata"
+    expected_all: tuple[str, ...] = ("qweight.qdata", "qweight.scale")
 
     def process_weights_after_loading(self) -> None:
         self.qweight = _scaled(self.weight, self.nested)
@@ -536,7 +536,7 @@ class NestedSubclassInPlace(DispatchSubclassInPlace):
 # cold load can show it, and that holds deterministically only while freed
 # storages are poisoned (the check's quarantine).
 
-_RAW_COPIES: "weakref.WeakKeyDictionary[torch.nn.Module, torch.Tensor]" = weakref.WeakKeyDictionary()
+_RAW_COPIES: weakref.WeakKeyDictionary[torch.nn.Module, torch.Tensor] = weakref.WeakKeyDictionary()
 
 
 class _RawPointerKernel:
