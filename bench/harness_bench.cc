@@ -26,7 +26,7 @@
 //   bench/compare.py harness_bench
 #include "bench/bench_main.h"
 
-#include "conformance/harness/capture.h"
+#include "conformance/trace/capture.h"
 #include "conformance/harness/harness.h"
 
 #include <ATen/ATen.h>
@@ -43,7 +43,7 @@ namespace {
 using harness::Backend;
 using harness::BackendRegistry;
 using harness::BackendSubject;
-using harness::CapturedForward;
+using trace::CapturedForward;
 using harness::ReloadSession;
 using harness::RunOptions;
 
@@ -70,7 +70,7 @@ void own_work(benchmark::State& state, const Backend& backend) {
   ScopedThreads threads(1);
   guarded(state, [&] {
     ReloadSession session(backend, c10::kCPU, /*seed=*/1);
-    const harness::Checkpoint ckpt = session.random_checkpoint(2);
+    const harness::Checkpoint ckpt = session.draw_checkpoint(2);
     at::Generator gen = at::detail::createCPUGenerator(3);
     const at::Tensor x = at::randn(backend.input_shape(), gen, at::kFloat);
     for (auto _ : state) {
@@ -87,8 +87,8 @@ void forward(benchmark::State& state, const Backend& backend, How how) {
   ScopedThreads threads(1);
   guarded(state, [&] {
     BackendSubject subject(backend, c10::kCPU);
-    subject.cold_load(subject.make_checkpoint(1));
-    const at::Tensor x = subject.make_input(2);
+    subject.cold_load(subject.draw_checkpoint(1));
+    const at::Tensor x = subject.draw_input(2);
     for (auto _ : state) {
       if (how == How::kUntraced) {
         benchmark::DoNotOptimize(subject.forward(x).const_data_ptr());

@@ -11,10 +11,6 @@
 
 namespace reloadsafe::harness {
 
-const char* to_string(ReloadMode mode) {
-  return mode == ReloadMode::kNormal ? "normal" : "direct";
-}
-
 at::Tensor make_checkpoint_param(std::vector<int64_t> shape, at::ScalarType dtype,
                                  const c10::Device& device) {
   at::Tensor param =

@@ -13,6 +13,7 @@
 // and its target must be linked with alwayslink = True (see BUILD.bazel).
 #pragma once
 
+#include "conformance/harness/subject.h"
 #include "utils/layer.h"
 
 #include <ATen/core/Tensor.h>
@@ -24,14 +25,6 @@
 #include <vector>
 
 namespace reloadsafe::harness {
-
-/// A checkpoint: checkpoint parameter name -> tensor in checkpoint layout.
-using Checkpoint = std::map<std::string, at::Tensor>;
-
-/// The reload modes the harness runs.
-enum class ReloadMode { kNormal, kDirect };
-
-const char* to_string(ReloadMode mode);
 
 class Backend {
  public:

@@ -72,7 +72,7 @@ GraphRun capture_and_reload(const Backend& backend, ReloadMode mode, int reloads
 
   GraphRun run;
   for (int r = 1; r <= reloads; ++r) {
-    const Checkpoint ckpt = session.random_checkpoint(1000003ull * r + static_cast<int>(mode));
+    const Checkpoint ckpt = session.draw_checkpoint(kReloadSeedStride * r + static_cast<int>(mode));
     session.reload(mode, ckpt);
     for (const auto& [name, t] : session.kernel_visible()) {
       auto it = captured_address.find(name);

@@ -1,7 +1,5 @@
 #include "conformance/harness/harness.h"
 
-#include "conformance/harness/capture.h"
-
 #include "utils/parameter_names.h"
 #include "utils/reload_context.h"
 #include "utils/tensor_attrs.h"
@@ -74,7 +72,7 @@ Checkpoint checkpoint_pools(const Checkpoint& layouts) {
 
 // The checkpoint of `seed` from `pools` (checkpoint_pools), on the CPU
 // (where an mmap'd checkpoint lives).
-Checkpoint draw_checkpoint(const Checkpoint& pools, uint64_t seed) {
+Checkpoint draw_from_pools(const Checkpoint& pools, uint64_t seed) {
   const uint64_t h = mix_seed(seed);
   const auto offset = static_cast<int64_t>(h % static_cast<uint64_t>(kWindows));
   const double scale = 0.5 + 1.5 * static_cast<double>(h >> 11) / 9007199254740992.0;  // 2^53
@@ -124,7 +122,7 @@ ReloadSession::ReloadSession(const Backend& backend, const c10::Device& device,
   layouts_ = checkpoint_layouts(*layer_);
   TORCH_CHECK(!layouts_.empty(), "backend '", backend_.name(),
               "' created no checkpoint parameter (use make_checkpoint_param or set _ckpt)");
-  load(*layer_, ckpt ? *ckpt : draw_checkpoint(pools(), seed));
+  load(*layer_, ckpt ? *ckpt : draw_from_pools(pools(), seed));
   backend_.process_weights_after_loading(*layer_);
 }
 
@@ -133,12 +131,16 @@ const Checkpoint& ReloadSession::pools() const {
   return *pools_;
 }
 
-Checkpoint ReloadSession::random_checkpoint(uint64_t seed) const {
-  return draw_checkpoint(pools(), seed);
+Checkpoint ReloadSession::draw_checkpoint(uint64_t seed) const {
+  return draw_from_pools(pools(), seed);
 }
 
 void ReloadSession::reload(ReloadMode mode, const Checkpoint& ckpt) {
   DirectReloadScope direct(mode == ReloadMode::kDirect);
+  load_and_process(ckpt);
+}
+
+void ReloadSession::load_and_process(const Checkpoint& ckpt) {
   load(*layer_, ckpt);
   backend_.process_weights_after_loading(*layer_);
 }
@@ -183,7 +185,18 @@ ReloadSession& BackendSubject::session() {
   return *session_;
 }
 
-Checkpoint BackendSubject::make_checkpoint(uint64_t seed) {
+SubjectInfo BackendSubject::info() const {
+  SubjectInfo info;
+  info.name = backend_.name();
+  info.description = backend_.description();
+  info.modes = backend_.modes();
+  info.negative_control = backend_.negative_control();
+  info.expected_violation = backend_.expected_violation();
+  info.memory_tolerance_bytes = backend_.memory_tolerance_bytes();
+  return info;
+}
+
+Checkpoint BackendSubject::draw_checkpoint(uint64_t seed) {
   if (!pools_) {
     // The layouts of a freshly created layer; the pools are fixed by them, so
     // every mode's session would draw the same ones.
@@ -193,23 +206,27 @@ Checkpoint BackendSubject::make_checkpoint(uint64_t seed) {
                 "' created no checkpoint parameter (use make_checkpoint_param or set _ckpt)");
     pools_ = checkpoint_pools(layouts);
   }
-  return draw_checkpoint(*pools_, seed);
+  return draw_from_pools(*pools_, seed);
+}
+
+at::Tensor BackendSubject::draw_input(uint64_t seed) {
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  return at::randn(backend_.input_shape(), gen, at::kFloat).to(device_);
 }
 
 void BackendSubject::cold_load(const Checkpoint& ckpt) {
   session_ = std::make_unique<ReloadSession>(backend_, device_, ckpt);
 }
 
-void BackendSubject::reload(const Checkpoint& ckpt, ReloadMode mode) {
-  // The protocol has entered the DirectReloadScope already.
-  session().reload(mode, ckpt);
+void BackendSubject::reload(ReloadMode /*mode*/, const Checkpoint& ckpt) {
+  session().load_and_process(ckpt);  // the protocol has entered the mode's scope
 }
 
 at::Tensor BackendSubject::forward(const at::Tensor& x) {
   return backend_.forward(session().layer(), x);
 }
 
-at::Tensor BackendSubject::fresh_forward(const Checkpoint& ckpt, const at::Tensor& x) {
+at::Tensor BackendSubject::cold_forward(const Checkpoint& ckpt, const at::Tensor& x) {
   return session().cold_forward(ckpt, x);
 }
 
@@ -217,26 +234,9 @@ std::vector<NamedTensor> BackendSubject::named_tensors() {
   return session().named_tensors();
 }
 
-at::Tensor BackendSubject::make_input(uint64_t seed) {
-  at::Generator gen = at::detail::createCPUGenerator(seed);
-  return at::randn(backend_.input_shape(), gen, at::kFloat).to(device_);
-}
-
 BackendReport run_backend(const Backend& backend, const RunOptions& options) {
   BackendSubject subject(backend, options.device);
   return run_subject(subject, options);
-}
-
-std::vector<CapturedRead> captured_reads(const Backend& backend, const c10::Device& device,
-                                         uint64_t seed) {
-  BackendSubject subject(backend, device);
-  subject.cold_load(subject.make_checkpoint(seed));
-  const at::Tensor x = subject.make_input(seed + 7919);
-  subject.forward(x);  // warm-up, as the protocol does before it captures
-  TensorNames names(subject.named_tensors());
-  names.add("input", x, /*declared=*/true);
-  CapturedForward capture([&] { return subject.forward(x); });
-  return capture.reads(names);
 }
 
 }  // namespace reloadsafe::harness

@@ -3,7 +3,8 @@
 // A Backend (backend.h) describes weight creation, post-processing and the
 // forward. ReloadSession takes one layer through the protocol's steps (the
 // CUDA-graph tests drive it between capture and replays); BackendSubject is
-// the protocol's view of a Backend; run_backend runs it in both modes.
+// the protocol's view of a Backend (a ReloadSubject, subject.h); run_backend
+// runs it in both modes.
 //
 // What a backend declares: the kernel-visible tensors, i.e. live parameters
 // under their runtime names (kernel_parameters) and derived_names(). Every
@@ -14,6 +15,7 @@
 
 #include "conformance/harness/backend.h"
 #include "conformance/harness/protocol.h"
+#include "conformance/harness/report_format.h"
 
 #include <c10/core/Device.h>
 
@@ -37,13 +39,18 @@ class ReloadSession {
 
   Layer& layer() { return *layer_; }
 
-  /// A random checkpoint for this layer, drawn from `seed`, on the CPU (where
-  /// an mmap'd checkpoint lives).
-  Checkpoint random_checkpoint(uint64_t seed) const;
+  /// The checkpoint of `seed` for this layer, on the CPU (where an mmap'd
+  /// checkpoint lives; Note [Checkpoints from a pool] in harness.cc).
+  Checkpoint draw_checkpoint(uint64_t seed) const;
 
-  /// A reload: `ckpt` through the same loaders, then post-processing, inside
-  /// a DirectReloadScope in the direct mode.
+  /// A reload as an engine does it: `ckpt` through the same loaders, then
+  /// post-processing, inside a DirectReloadScope in the direct mode. For
+  /// drivers other than the protocol (which enters the scope itself).
   void reload(ReloadMode mode, const Checkpoint& ckpt);
+
+  /// `ckpt` through the layer's loaders, then post-processing; no scope is
+  /// entered.
+  void load_and_process(const Checkpoint& ckpt);
 
   /// Every tensor the backend declares the forward reads: live parameters
   /// under their runtime names, then the backend's derived tensors.
@@ -74,20 +81,15 @@ class BackendSubject : public ReloadSubject {
  public:
   BackendSubject(const Backend& backend, const c10::Device& device);
 
-  std::string name() const override { return backend_.name(); }
-  std::string description() const override { return backend_.description(); }
-  Checkpoint make_checkpoint(uint64_t seed) override;
+  SubjectInfo info() const override;
+  Checkpoint draw_checkpoint(uint64_t seed) override;
+  at::Tensor draw_input(uint64_t seed) override;
   void cold_load(const Checkpoint& ckpt) override;
-  void reload(const Checkpoint& ckpt, ReloadMode mode) override;
+  void reload(ReloadMode mode, const Checkpoint& ckpt) override;
   at::Tensor forward(const at::Tensor& x) override;
-  at::Tensor fresh_forward(const Checkpoint& ckpt, const at::Tensor& x) override;
+  at::Tensor cold_forward(const Checkpoint& ckpt, const at::Tensor& x) override;
   std::vector<NamedTensor> named_tensors() override;
-  at::Tensor make_input(uint64_t seed) override;
   void release() override { session_.reset(); }
-  std::vector<ReloadMode> modes() const override { return backend_.modes(); }
-  bool negative_control() const override { return backend_.negative_control(); }
-  std::string expected_violation() const override { return backend_.expected_violation(); }
-  int64_t memory_tolerance_bytes() const override { return backend_.memory_tolerance_bytes(); }
 
  private:
   ReloadSession& session();
@@ -100,11 +102,5 @@ class BackendSubject : public ReloadSubject {
 
 /// Runs the protocol for `backend` in both modes.
 BackendReport run_backend(const Backend& backend, const RunOptions& options);
-
-/// The captured forward of `backend` after a cold load on `device`: every
-/// external read with its op, argument, name and layout (for
-/// `reload_harness --trace`).
-std::vector<CapturedRead> captured_reads(const Backend& backend, const c10::Device& device,
-                                         uint64_t seed);
 
 }  // namespace reloadsafe::harness

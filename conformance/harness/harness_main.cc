@@ -33,7 +33,11 @@ constexpr const char* kUsage =
 void print_trace(const reloadsafe::harness::Backend& backend, const c10::Device& device,
                  uint64_t seed) {
   using namespace reloadsafe::harness;
-  const auto reads = captured_reads(backend, device, seed);
+  BackendSubject subject(backend, device);
+  RunOptions options;
+  options.device = device;
+  options.seed = seed;
+  const auto reads = captured_reads(subject, options);
   std::set<const void*> declared, undeclared;
   std::cout << backend.name() << ": what the forward reads (captured at cold load; nested ops "
             << "indented)\n";

@@ -1,79 +1,35 @@
 #include "conformance/harness/protocol.h"
 
-#include "conformance/harness/all_close.h"
-#include "conformance/harness/capture.h"
+#include "conformance/harness/cold_loads.h"
+#include "conformance/harness/values.h"
+#include "conformance/trace/capture.h"
 #include "conformance/trace/memory_census.h"
+#include "conformance/trace/tensor_location.h"
 #include "utils/reload_context.h"
 
 #include <ATen/ATen.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cstring>
-#include <iomanip>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
-#include <sstream>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace reloadsafe::harness {
 namespace {
 
-using trace::to_hex;
+using trace::CapturedForward;
+using trace::CapturedRead;
+using trace::TensorLocation;
+using trace::TensorNames;
 
-// What the protocol records of a declared tensor. The layout is kept as
-// its parts and written out only for a report (after every reload, for
-// every declared tensor, a formatted string was most of the record's cost).
-struct TensorRecord {
-  const void* data_ptr = nullptr;
-  const void* storage = nullptr;
-  const void* storage_ptr = nullptr;
-  size_t storage_nbytes = 0;
-  at::ScalarType dtype = at::kByte;
-  std::vector<int64_t> sizes, strides;
-  int64_t storage_offset = 0;
-
-  explicit TensorRecord(const at::Tensor& t)
-      : storage(t.storage().unsafeGetStorageImpl()),
-        storage_ptr(t.storage().data()),
-        storage_nbytes(t.storage().nbytes()),
-        dtype(t.scalar_type()),
-        sizes(t.sizes().vec()),
-        strides(t.strides().vec()),
-        storage_offset(t.storage_offset()) {
-    if (storage_ptr != nullptr) {
-      data_ptr = static_cast<const char*>(storage_ptr) +
-                 t.storage_offset() * static_cast<int64_t>(t.element_size());
-    }
-  }
-  bool same_layout(const TensorRecord& o) const {
-    return dtype == o.dtype && sizes == o.sizes && strides == o.strides &&
-           storage_offset == o.storage_offset;
-  }
-  std::string layout() const {
-    std::ostringstream os;
-    os << c10::toString(dtype) << c10::IntArrayRef(sizes) << " stride "
-       << c10::IntArrayRef(strides) << " offset " << storage_offset;
-    return os.str();
-  }
-};
-
-using Records = std::vector<std::pair<std::string, TensorRecord>>;
-
-Records declared_records(const std::vector<NamedTensor>& named) {
-  Records records;
-  for (const auto& n : named) {
-    // A Python subclass tensor is recorded through its inner tensors, which
-    // the subject names; its own storage is nothing a kernel reads.
-    if (n.declared && n.tensor.defined() &&
-        !n.tensor.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python) &&
-        n.tensor.has_storage()) {
-      records.emplace_back(n.name, TensorRecord(n.tensor));
-    }
-  }
-  return records;
-}
+// A block of bytes on the check's device that no layer has any business
+// writing: a reload that scribbles outside its own tensors shows up here.
+constexpr int64_t kCanaryBytes = 4096;
+constexpr int kCanaryByte = 0x5a;
 
 // Counts every violation and every flagged name; lists the first few.
 class ViolationSink {
@@ -89,9 +45,9 @@ class ViolationSink {
     }
   }
   void add(int reload, std::string tensor, std::string what, std::string before,
-           std::string after) {
+           std::string after, std::string read = "") {
     add(Violation{reload, std::move(tensor), std::move(what), std::move(before), std::move(after),
-                  ""});
+                  std::move(read)});
   }
 
  private:
@@ -105,9 +61,25 @@ class ViolationSink {
   int max_listed_;
 };
 
-void compare_records(const Records& before, const Records& after, int reload, ViolationSink& sink) {
-  auto find = [](const Records& rs, const std::string& name) {
-    return std::find_if(rs.begin(), rs.end(), [&](const auto& r) { return r.first == name; });
+// Where each declared tensor is, by name. A Python subclass tensor is
+// checked through its inner tensors, which the subject names; its own
+// storage is nothing a kernel reads.
+using Locations = std::vector<std::pair<std::string, TensorLocation>>;
+
+Locations declared_locations(const std::vector<trace::NamedTensor>& named) {
+  Locations out;
+  for (const auto& n : named) {
+    if (n.declared && trace::has_plain_storage(n.tensor)) {
+      out.emplace_back(n.name, TensorLocation::of(n.tensor));
+    }
+  }
+  return out;
+}
+
+void compare_declared(const Locations& before, const Locations& after, int reload,
+                      ViolationSink& sink) {
+  auto find = [](const Locations& ls, const std::string& name) {
+    return std::find_if(ls.begin(), ls.end(), [&](const auto& l) { return l.first == name; });
   };
   for (const auto& [name, b] : before) {
     auto it = find(after, name);
@@ -115,19 +87,9 @@ void compare_records(const Records& before, const Records& after, int reload, Vi
       sink.add(reload, name, "missing", b.layout(), "(no longer declared)");
       continue;
     }
-    const TensorRecord& a = it->second;
-    if (a.data_ptr != b.data_ptr)
-      sink.add(reload, name, "address", to_hex(b.data_ptr), to_hex(a.data_ptr));
-    if (a.storage != b.storage)
-      sink.add(reload, name, "storage", to_hex(b.storage), to_hex(a.storage));
-    if (a.storage == b.storage &&
-        (a.storage_ptr != b.storage_ptr || a.storage_nbytes != b.storage_nbytes)) {
-      // The same storage object, reallocated or resized under the tensor.
-      sink.add(reload, name, "storage resized or moved",
-               to_hex(b.storage_ptr) + " " + std::to_string(b.storage_nbytes) + " B",
-               to_hex(a.storage_ptr) + " " + std::to_string(a.storage_nbytes) + " B");
+    for (trace::LocationChange& c : b.diff(it->second)) {
+      sink.add(reload, name, std::move(c.what), std::move(c.before), std::move(c.after));
     }
-    if (!a.same_layout(b)) sink.add(reload, name, "layout", b.layout(), a.layout());
   }
   for (const auto& [name, a] : after) {
     if (find(before, name) == before.end()) {
@@ -136,190 +98,25 @@ void compare_records(const Records& before, const Records& after, int reload, Vi
   }
 }
 
-// Whether t's bytes can be read in place as one run: a dense, contiguous CPU
-// tensor with a storage that does not dispatch in Python.
-bool plain_cpu_bytes(const at::Tensor& t) {
-  return t.device().is_cpu() && t.layout() == at::kStrided &&
-         !t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python) && t.has_storage() &&
-         t.is_contiguous();
-}
-
-// Byte for byte (NaN payloads included, which an element-wise == is not).
-bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
-  if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) return false;
-  if (plain_cpu_bytes(a) && plain_cpu_bytes(b)) {
-    const size_t n = a.numel() * a.element_size();  // no dispatch: the common case
-    return n == 0 || std::memcmp(a.const_data_ptr(), b.const_data_ptr(), n) == 0;
-  }
-  if (a.layout() != at::kStrided || b.layout() != at::kStrided) return at::equal(a.cpu(), b.cpu());
-  const at::Tensor ca = a.cpu().contiguous();
-  const at::Tensor cb = b.cpu().contiguous();
-  const size_t n = ca.numel() * ca.element_size();
-  return n == 0 || std::memcmp(ca.const_data_ptr(), cb.const_data_ptr(), n) == 0;
-}
-
-// A tensor's bytes as they are now, to tell later whether anything wrote
-// into it: for a dense CPU tensor a plain copy of its bytes (no tensor op,
-// nothing the census counts), else a clone.
-class Snapshot {
- public:
-  explicit Snapshot(const at::Tensor& t) {
-    if (plain_cpu_bytes(t)) {
-      const auto* p = static_cast<const unsigned char*>(t.const_data_ptr());
-      bytes_.assign(p, p + t.numel() * t.element_size());
-      bytes_taken_ = true;
-    } else {
-      clone_ = t.clone();
-    }
-  }
-  bool unchanged(const at::Tensor& t) const {
-    if (!bytes_taken_) return same_bytes(t, clone_);
-    if (!plain_cpu_bytes(t) || static_cast<size_t>(t.numel() * t.element_size()) != bytes_.size()) {
-      return false;
-    }
-    return bytes_.empty() || std::memcmp(t.const_data_ptr(), bytes_.data(), bytes_.size()) == 0;
-  }
-
- private:
-  bool bytes_taken_ = false;
-  std::vector<unsigned char> bytes_;
-  at::Tensor clone_;
-};
-
-std::string max_diff(const at::Tensor& a, const at::Tensor& b) {
-  std::ostringstream os;
-  if (a.sizes() != b.sizes()) {
-    os << "shape " << a.sizes() << " vs " << b.sizes();
-  } else {
-    os << "max |diff| "
-       << (a.cpu().to(at::kDouble) - b.cpu().to(at::kDouble)).abs().max().item<double>();
-  }
-  return os.str();
-}
-
-// NaN and infinities at the same places in both compare equal: a layer may
-// legitimately compute them, and a stale read of poisoned memory (see Note
-// [Poison quarantine] in memory_census.h) still differs from a fresh load.
-bool close(const at::Tensor& a, const at::Tensor& b) {
-  if (a.sizes() != b.sizes()) return false;
-  // Dense float outputs in one pass (all_close.h); anything else through allclose.
-  if (std::optional<bool> fast = all_close(a, b, 1e-5, 1e-5)) return *fast;
-  if (a.scalar_type() == b.scalar_type() && a.device() == b.device()) {
-    return at::allclose(a, b, 1e-5, 1e-5, /*equal_nan=*/true);
-  }
-  return at::allclose(a.cpu().to(at::kDouble), b.cpu().to(at::kDouble), 1e-5, 1e-5,
-                      /*equal_nan=*/true);
-}
-
-// Note [One cold load per checkpoint]
-// Each reload's outputs are compared with the forward of a fresh cold load
-// of the same checkpoint. Both modes reload the same checkpoints (the seeds
-// depend on the reload's number only) into the same input, so the second
-// mode's cold loads would recompute the first's: a new layer, a load, a
-// post-processing and a forward per reload, as much as the reload itself.
-// On the CPU each cold-load output is kept (a copy of its bytes) for the
-// mode after, with a fingerprint of what it was computed from (every
-// checkpoint tensor's name, dtype, sizes and bytes, and the input's), and
-// reused only when the later checkpoint and input have the same fingerprint;
-// a subject whose checkpoints or inputs differ for the same seed gets its
-// own cold loads as before. A cold load that depends on anything but the
-// checkpoint (a random rotation drawn at load) fails the comparison within
-// the first mode already. The kept copies are the protocol's, not the
-// subject's: the memory census of the mode that makes them does not count
-// them.
-class ColdLoadOutputs {
- public:
-  explicit ColdLoadOutputs(bool keep) : keep_(keep) {}
-
-  // The cold-load forward for reload `r` of `ckpt` on `x`: a kept one with
-  // the same fingerprint, else `cold_forward()` (kept for the next mode if
-  // reload `r` has none kept yet).
-  template <typename ColdForward>
-  at::Tensor forward(int r, const Checkpoint& ckpt, const at::Tensor& x,
-                     const ColdForward& cold_forward) {
-    uint64_t print = 0;
-    const bool printed = keep_ && fingerprint(ckpt, x, &print);
-    if (printed) {
-      auto it = kept_.find(r);
-      if (it != kept_.end() && it->second.fingerprint == print) return it->second.output;
-    }
-    at::Tensor out = cold_forward();
-    if (printed && kept_.count(r) == 0 && out.defined() && out.device().is_cpu() &&
-        out.layout() == at::kStrided) {
-      at::Tensor copy = out.clone(at::MemoryFormat::Contiguous);
-      kept_bytes_ += static_cast<int64_t>(copy.storage().nbytes());
-      kept_[r] = Kept{print, std::move(copy)};
-    }
-    return out;
-  }
-
-  // Bytes of the copies kept so far (the census discounts those made in its mode).
-  int64_t kept_bytes() const { return kept_bytes_; }
-
- private:
-  static uint64_t mix(uint64_t h, uint64_t v) {
-    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-    return h * 0xFF51AFD7ED558CCDull;
-  }
-  // One pass over the bytes, eight at a time (FNV-style, 64 bits).
-  static uint64_t mix_bytes(uint64_t h, const at::Tensor& t) {
-    const at::Tensor c = t.is_contiguous() ? t : t.contiguous();
-    const auto* p = static_cast<const unsigned char*>(c.const_data_ptr());
-    const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-      uint64_t w;
-      std::memcpy(&w, p + i, 8);
-      h = (h ^ w) * 0x100000001B3ull;
-    }
-    for (; i < n; ++i) h = (h ^ p[i]) * 0x100000001B3ull;
-    return mix(h, n);
-  }
-  // Mixes t's dtype, sizes and bytes into *h; false for a tensor whose bytes
-  // are not simply there to read (not a dense CPU tensor, a Python subclass).
-  static bool mix_tensor(uint64_t* h, const at::Tensor& t) {
-    if (!t.defined() || !t.device().is_cpu() || t.layout() != at::kStrided || !t.has_storage() ||
-        t.is_conj() || t.is_neg() ||
-        t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python)) {
-      return false;
-    }
-    *h = mix(*h, static_cast<uint64_t>(t.scalar_type()));
-    for (int64_t d : t.sizes()) *h = mix(*h, static_cast<uint64_t>(d));
-    *h = mix_bytes(*h, t);
-    return true;
-  }
-  static bool fingerprint(const Checkpoint& ckpt, const at::Tensor& x, uint64_t* out) {
-    uint64_t h = 0xCBF29CE484222325ull;
-    for (const auto& [name, t] : ckpt) {
-      for (char c : name) h = mix(h, static_cast<unsigned char>(c));
-      if (!mix_tensor(&h, t)) return false;
-    }
-    if (!mix_tensor(&h, x)) return false;
-    *out = h;
-    return true;
-  }
-
-  struct Kept {
-    uint64_t fingerprint;
-    at::Tensor output;
-  };
-  bool keep_;
-  std::map<int, Kept> kept_;
-  int64_t kept_bytes_ = 0;
-};
-
-// The captured forward and what it reads, named and checked once.
+// The captured forward and the names its reads are given.
 struct Capture {
-  std::unique_ptr<CapturedForward> forward;
   std::unique_ptr<TensorNames> names;
+  std::unique_ptr<CapturedForward> forward;
 };
 
-Capture capture_forward(ReloadSubject& subject, const at::Tensor& x, ModeReport& report) {
+Capture capture(ReloadSubject& subject, const at::Tensor& x) {
   Capture c;
   c.names = std::make_unique<TensorNames>(subject.named_tensors());
-  for (const NamedObject& o : subject.named_objects()) c.names->add_object(o.name, o.identity);
+  for (const trace::NamedObject& o : subject.named_objects()) c.names->add_object(o.name, o.identity);
   c.names->add("input", x, /*declared=*/true);
   c.forward = std::make_unique<CapturedForward>([&] { return subject.forward(x); });
+  return c;
+}
+
+// Counts the distinct tensors the capture reads from outside (the input
+// excluded), warns once for each undeclared one, and refuses a forward the
+// trace cannot see.
+void count_reads(const Capture& c, ModeReport& report) {
   std::set<const void*> declared, undeclared;
   for (const CapturedRead& r : c.forward->reads(*c.names)) {
     if (r.name == "input") continue;
@@ -344,261 +141,194 @@ Capture capture_forward(ReloadSubject& subject, const at::Tensor& x, ModeReport&
               "thread (a thread pool, an executor, a background stream), the read trace cannot "
               "see them (it records the calling thread only); run the forward's ops on the "
               "thread that calls it while checking");
-  TORCH_CHECK(!declared.empty() || !undeclared.empty(), "the forward reads no tensor besides its input (",
-              ops,
+  TORCH_CHECK(!declared.empty() || !undeclared.empty(),
+              "the forward reads no tensor besides its input (", ops,
               " ops traced): it must read the layer's weights through dispatcher ops; a kernel "
               "launched without the dispatcher, or ops run on another thread, are invisible to "
               "the trace");
-  return c;
 }
 
-ModeReport run_mode(ReloadSubject& subject, ReloadMode mode, const RunOptions& options,
-                    ColdLoadOutputs& cold_loads) {
-  ModeReport report;
-  report.mode = mode;
-  const auto declared = subject.modes();
-  report.expected_to_pass = std::find(declared.begin(), declared.end(), mode) != declared.end();
-  ViolationSink sink(report, options.max_listed);
-  // The census counts live CPU bytes while the check runs; storages a reload
-  // frees are poisoned and held (see Note [Poison quarantine]). Both end with
-  // the mode, leaving the process's allocator as it was.
-  std::optional<trace::CpuCensusScope> census;
-  std::optional<trace::Quarantine> quarantine;
-  if (options.device.is_cpu()) {
-    census.emplace();
-    quarantine.emplace();
-  }
-  try {
-    subject.cold_load(subject.make_checkpoint(options.seed));
-    const at::Tensor x = subject.make_input(options.seed + 7919).to(options.device);
-    const at::Tensor x_copy = x.clone();
-    const at::Tensor canary =
-        at::full({4096}, 0x5a, at::TensorOptions().dtype(at::kByte).device(options.device));
-    const at::Tensor canary_bytes = at::full({4096}, 0x5a, at::kByte);  // what it must still hold
+// The cold load and warm-up every capture starts from; returns the input.
+at::Tensor cold_load_and_warm_up(ReloadSubject& subject, const RunOptions& options) {
+  subject.cold_load(subject.draw_checkpoint(options.seed));
+  const at::Tensor x = subject.draw_input(options.seed + kInputSeedOffset).to(options.device);
+  // Engines run the forward before they capture; state it makes and keeps
+  // (a workspace, a first-forward repack) belongs to the capture.
+  subject.forward(x);
+  return x;
+}
 
-    // Engines run the forward before they capture; state it makes and keeps
-    // (a workspace, a first-forward repack) belongs to the capture, so the
-    // baseline of declared tensors is taken after it too.
-    subject.forward(x);
-    const Records recorded = declared_records(subject.named_tensors());
-    Capture capture;
-    if (options.trace) capture = capture_forward(subject, x, report);
+// One mode of the protocol, as its steps: start (cold load, warm-up,
+// baseline, capture), one check per reload, then memory.
+class ModeRun {
+ public:
+  ModeRun(ReloadSubject& subject, const SubjectInfo& info, ReloadMode mode,
+          const RunOptions& options, ColdLoadOutputs& cold_loads)
+      : subject_(subject), options_(options), cold_loads_(cold_loads), mode_(mode),
+        sink_(report_, options.max_listed), memory_tolerance_(info.memory_tolerance_bytes) {
+    report_.mode = mode;
+    report_.expected_to_pass =
+        std::find(info.modes.begin(), info.modes.end(), mode) != info.modes.end();
+  }
+
+  ModeReport run() {
+    // The census counts live CPU bytes while the mode runs; storages a reload
+    // frees are poisoned and held (Note [Poison quarantine]). Both end with
+    // the mode, leaving the process's allocator as it was.
+    if (options_.device.is_cpu()) {
+      census_.emplace();
+      quarantine_.emplace();
+    }
+    try {
+      start();
+      for (int r = 1; r <= options_.reloads; ++r) check_reload(r);
+      check_memory();
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      report_.error = what.substr(0, what.find('\n'));
+    }
+    try {
+      subject_.release();
+    } catch (const std::exception&) {
+    }
+    return std::move(report_);
+  }
+
+ private:
+  void start() {
+    x_ = cold_load_and_warm_up(subject_, options_);
+    x_copy_ = x_.clone();
+    const auto bytes = at::TensorOptions().dtype(at::kByte);
+    canary_ = at::full({kCanaryBytes}, kCanaryByte, bytes.device(options_.device));
+    canary_bytes_ = at::full({kCanaryBytes}, kCanaryByte, bytes);
+    // The declared baseline is taken after the warm-up, as the capture is.
+    declared_ = declared_locations(subject_.named_tensors());
+    if (options_.trace) {
+      capture_ = capture(subject_, x_);
+      count_reads(capture_, report_);
+    }
     // Cold-load outputs kept for the next mode are not the subject's (Note
     // [One cold load per checkpoint]).
-    const int64_t kept_before = cold_loads.kept_bytes();
-    auto memory = [&] {
-      if (auto bytes = trace::live_tensor_bytes(options.device))
-        report.memory_bytes.push_back(*bytes - (cold_loads.kept_bytes() - kept_before));
-    };
-    memory();
-
-    for (int r = 1; r <= options.reloads; ++r) {
-      const uint64_t seed = options.seed + 1000003ull * static_cast<uint64_t>(r);
-      const Checkpoint ckpt = subject.make_checkpoint(seed);
-      std::map<std::string, Snapshot> pristine;
-      for (const auto& [n, t] : ckpt) pristine.emplace(n, Snapshot(t));
-      {
-        DirectReloadScope direct(mode == ReloadMode::kDirect);
-        std::optional<trace::Quarantine::Capturing> capturing;
-        if (quarantine) capturing.emplace(*quarantine);
-        subject.reload(ckpt, mode);
-      }
-      report.reloads_done = r;
-      memory();
-      compare_records(recorded, declared_records(subject.named_tensors()), r, sink);
-      for (const auto& [n, t] : ckpt) {
-        // The loaders and post-processing must not write into the checkpoint.
-        if (!pristine.at(n).unchanged(t)) sink.add(r, "checkpoint:" + n, "bytes changed", "", "");
-      }
-      if (!same_bytes(x, x_copy)) sink.add(r, "input", "bytes changed", "", "");
-      if (!same_bytes(canary, canary_bytes)) sink.add(r, "canary", "bytes changed", "", "");
-
-      at::Tensor out;
-      if (options.trace) {
-        trace::ReadTrace retrace;
-        out = subject.forward(x);
-        retrace.stop();
-        for (Violation& v : capture.forward->compare(retrace, *capture.names, r))
-          sink.add(std::move(v));
-      } else {
-        out = subject.forward(x);
-      }
-      const at::Tensor expected =
-          cold_loads.forward(r, ckpt, x, [&] { return subject.fresh_forward(ckpt, x); });
-      if (!close(out, expected)) {
-        sink.add(r, "forward", "differs from a cold load of the same checkpoint", "cold load",
-                 max_diff(out, expected));
-      }
-      if (options.trace) {
-        std::string why;
-        std::optional<at::Tensor> replayed = capture.forward->replay(&why);
-        if (!replayed) {
-          if (r == 1) report.warnings.push_back(Warning{"replay", "", "not replayed: " + why});
-        } else if (!close(*replayed, expected)) {
-          sink.add(r, "replay",
-                   "the captured ops, replayed, differ from a cold load (a stale read)",
-                   "cold load", max_diff(*replayed, expected));
-        }
-      }
-    }
-    if (report.memory_bytes.size() >= 3) {
-      // Growth after the first reload: the cold load and the first reload may
-      // legitimately allocate (a storage released by the first
-      // post-processing is re-made by the first load).
-      const int64_t first = report.memory_bytes[1];
-      const int64_t last = report.memory_bytes.back();
-      if (last - first > subject.memory_tolerance_bytes()) {
-        sink.add(Violation{
-            options.reloads, "memory",
-            "grew by " + std::to_string(last - first) + " bytes over " +
-                std::to_string(options.reloads - 1) + " reloads",
-            std::to_string(first) + " B after reload 1",
-            std::to_string(last) + " B after reload " + std::to_string(options.reloads), ""});
-      }
-    }
-  } catch (const std::exception& e) {
-    std::string what = e.what();
-    report.error = what.substr(0, what.find('\n'));
+    kept_before_ = cold_loads_.kept_bytes();
+    record_memory();
   }
-  try {
-    subject.release();
-  } catch (const std::exception&) {
-  }
-  return report;
-}
 
-bool matches(const std::string& expected, const std::string& flagged) {
-  if (expected.empty()) return false;
-  if (flagged == expected) return true;
-  // "aten::div" matches "aten::div.Tensor arg 1 (other)"; "scale" matches
-  // "scale (undeclared)".
-  return flagged.rfind(expected, 0) == 0 && flagged.size() > expected.size() &&
-         (flagged[expected.size()] == ' ' || flagged[expected.size()] == '.');
-}
+  void check_reload(int r) {
+    const Checkpoint ckpt = subject_.draw_checkpoint(options_.seed + kReloadSeedStride * r);
+    std::map<std::string, Snapshot> pristine;
+    for (const auto& [n, t] : ckpt) pristine.emplace(n, Snapshot(t));
+    {
+      DirectReloadScope direct(mode_ == ReloadMode::kDirect);
+      std::optional<trace::Quarantine::Capturing> capturing;
+      if (quarantine_) capturing.emplace(*quarantine_);
+      subject_.reload(mode_, ckpt);
+    }
+    report_.reloads_done = r;
+    record_memory();
+    compare_declared(declared_, declared_locations(subject_.named_tensors()), r, sink_);
+    for (const auto& [n, t] : ckpt) {
+      // The loaders and post-processing must not write into the checkpoint.
+      if (!pristine.at(n).unchanged(t)) sink_.add(r, "checkpoint:" + n, "bytes changed", "", "");
+    }
+    if (!same_bytes(x_, x_copy_)) sink_.add(r, "input", "bytes changed", "", "");
+    if (!same_bytes(canary_, canary_bytes_)) sink_.add(r, "canary", "bytes changed", "", "");
+    check_forward(r, ckpt);
+  }
+
+  // The live forward (retraced against the capture) and the replay of the
+  // capture, each against a cold load of the same checkpoint.
+  void check_forward(int r, const Checkpoint& ckpt) {
+    at::Tensor out;
+    if (options_.trace) {
+      trace::ReadTrace retrace;
+      out = subject_.forward(x_);
+      retrace.stop();
+      for (trace::ReadChange& c : capture_.forward->compare(retrace, *capture_.names)) {
+        sink_.add(r, std::move(c.tensor), std::move(c.what), std::move(c.before),
+                  std::move(c.after), std::move(c.read));
+      }
+    } else {
+      out = subject_.forward(x_);
+    }
+    const at::Tensor expected =
+        cold_loads_.forward(r, ckpt, x_, [&] { return subject_.cold_forward(ckpt, x_); });
+    if (!close(out, expected)) {
+      sink_.add(r, "forward", "differs from a cold load of the same checkpoint", "cold load",
+                max_diff(out, expected));
+    }
+    if (options_.trace) check_replay(r, expected);
+  }
+
+  void check_replay(int r, const at::Tensor& expected) {
+    std::string why;
+    std::optional<at::Tensor> replayed = capture_.forward->replay(&why);
+    if (!replayed) {
+      if (r == 1) report_.warnings.push_back(Warning{"replay", "", "not replayed: " + why});
+    } else if (!close(*replayed, expected)) {
+      sink_.add(r, "replay", "the captured ops, replayed, differ from a cold load (a stale read)",
+                "cold load", max_diff(*replayed, expected));
+    }
+  }
+
+  void record_memory() {
+    if (auto bytes = trace::live_tensor_bytes(options_.device)) {
+      report_.memory_bytes.push_back(*bytes - (cold_loads_.kept_bytes() - kept_before_));
+    }
+  }
+
+  // Growth after the first reload: the cold load and the first reload may
+  // legitimately allocate (a storage released by the first post-processing
+  // is re-made by the first load).
+  void check_memory() {
+    const std::vector<int64_t>& bytes = report_.memory_bytes;
+    if (bytes.size() < 3) return;
+    const int64_t first = bytes[1];
+    const int64_t last = bytes.back();
+    if (last - first <= memory_tolerance_) return;
+    sink_.add(options_.reloads, "memory",
+              "grew by " + std::to_string(last - first) + " bytes over " +
+                  std::to_string(options_.reloads - 1) + " reloads",
+              std::to_string(first) + " B after reload 1",
+              std::to_string(last) + " B after reload " + std::to_string(options_.reloads));
+  }
+
+  ReloadSubject& subject_;
+  const RunOptions& options_;
+  ColdLoadOutputs& cold_loads_;
+  const ReloadMode mode_;
+  ModeReport report_;
+  ViolationSink sink_;
+  const int64_t memory_tolerance_;
+  std::optional<trace::CpuCensusScope> census_;
+  std::optional<trace::Quarantine> quarantine_;
+  at::Tensor x_, x_copy_, canary_, canary_bytes_;
+  Locations declared_;
+  Capture capture_;
+  int64_t kept_before_ = 0;
+};
 
 }  // namespace
 
-bool BackendReport::ok() const {
-  if (negative_control) {
-    for (const auto& m : modes) {
-      for (const auto& f : m.flagged) {
-        if (matches(expected_violation, f)) return true;
-      }
-    }
-    return false;
-  }
-  for (const auto& m : modes) {
-    if (m.expected_to_pass && !m.clean()) return false;
-  }
-  return true;
-}
-
 BackendReport run_subject(ReloadSubject& subject, const RunOptions& options) {
+  const SubjectInfo info = subject.info();
   BackendReport report;
-  report.name = subject.name();
-  report.description = subject.description();
-  report.negative_control = subject.negative_control();
-  report.expected_violation = subject.expected_violation();
+  report.name = info.name;
+  report.description = info.description;
+  report.negative_control = info.negative_control;
+  report.expected_violation = info.expected_violation;
   ColdLoadOutputs cold_loads(/*keep=*/options.device.is_cpu());
   for (ReloadMode mode : {ReloadMode::kNormal, ReloadMode::kDirect}) {
-    report.modes.push_back(run_mode(subject, mode, options, cold_loads));
+    report.modes.push_back(ModeRun(subject, info, mode, options, cold_loads).run());
   }
   return report;
 }
 
-std::string to_json(const std::vector<BackendReport>& reports, const RunOptions& options) {
-  nlohmann::ordered_json j;
-  j["device"] = options.device.str();
-  j["reloads"] = options.reloads;
-  j["seed"] = options.seed;
-  j["trace"] = options.trace;
-  j["backends"] = nlohmann::ordered_json::array();
-  for (const auto& r : reports) {
-    nlohmann::ordered_json b;
-    b["name"] = r.name;
-    b["description"] = r.description;
-    b["negative_control"] = r.negative_control;
-    if (r.negative_control) b["expected_violation"] = r.expected_violation;
-    b["ok"] = r.ok();
-    for (const auto& m : r.modes) {
-      nlohmann::ordered_json mj;
-      mj["expected_to_pass"] = m.expected_to_pass;
-      mj["reloads_done"] = m.reloads_done;
-      mj["violation_count"] = m.violation_count;
-      mj["declared_reads"] = m.declared_reads;
-      mj["undeclared_reads"] = m.undeclared_reads;
-      if (!m.error.empty()) mj["error"] = m.error;
-      mj["flagged"] = m.flagged;
-      mj["violations"] = nlohmann::ordered_json::array();
-      for (const auto& v : m.violations) {
-        nlohmann::ordered_json vj{{"reload", v.reload},
-                                  {"tensor", v.tensor},
-                                  {"what", v.what},
-                                  {"before", v.before},
-                                  {"after", v.after}};
-        if (!v.read.empty()) vj["read"] = v.read;
-        mj["violations"].push_back(vj);
-      }
-      mj["warnings"] = nlohmann::ordered_json::array();
-      for (const auto& w : m.warnings) {
-        mj["warnings"].push_back({{"tensor", w.tensor}, {"read", w.read}, {"message", w.message}});
-      }
-      mj["memory_bytes"] = m.memory_bytes;
-      b["modes"][to_string(m.mode)] = mj;
-    }
-    j["backends"].push_back(b);
-  }
-  return j.dump(2);
-}
-
-std::string to_table(const std::vector<BackendReport>& reports) {
-  std::ostringstream os;
-  auto cell = [](const ModeReport& m) {
-    std::string s = !m.error.empty()         ? "error"
-                    : m.violation_count == 0 ? "kept"
-                                             : std::to_string(m.violation_count) + " violations";
-    if (!m.warnings.empty()) s += ", " + std::to_string(m.warnings.size()) + " warn";
-    if (!m.expected_to_pass) s += " (not claimed)";
-    return s;
-  };
-  auto reads = [](const BackendReport& r) {
-    if (r.modes.empty()) return std::string("-");
-    return std::to_string(r.modes[0].declared_reads) + "/" +
-           std::to_string(r.modes[0].undeclared_reads);
-  };
-  size_t name_width = 24;  // at least two spaces after the longest name
-  for (const auto& r : reports) name_width = std::max(name_width, r.name.size() + 2);
-  const int w = static_cast<int>(name_width);
-  os << std::left << std::setw(w) << "backend" << std::setw(30) << "normal reload" << std::setw(30)
-     << "direct reload" << std::setw(12) << "reads d/u"
-     << "verdict\n";
-  for (const auto& r : reports) {
-    const std::string verdict = r.negative_control
-                                    ? (r.ok() ? "flagged (negative control)" : "NOT FLAGGED")
-                                    : (r.ok() ? "pass" : "FAIL");
-    os << std::setw(w) << r.name << std::setw(30) << (r.modes.size() > 0 ? cell(r.modes[0]) : "")
-       << std::setw(30) << (r.modes.size() > 1 ? cell(r.modes[1]) : "") << std::setw(12) << reads(r)
-       << verdict << "\n";
-  }
-  for (const auto& r : reports) {
-    for (const auto& m : r.modes) {
-      const std::string tag = "  " + r.name + " [" + to_string(m.mode) + "] ";
-      if (!m.error.empty()) os << tag << "error: " << m.error << "\n";
-      for (size_t i = 0; i < m.violations.size() && i < 3; ++i) {
-        const Violation& v = m.violations[i];
-        os << tag << "reload " << v.reload << ": ";
-        if (!v.read.empty()) os << v.read << " ";
-        os << (v.read.empty() ? v.tensor : "(" + v.tensor + ")") << " " << v.what << ": "
-           << v.before << " -> " << v.after << "\n";
-      }
-      for (size_t i = 0; i < m.warnings.size() && i < 3; ++i) {
-        const Warning& w = m.warnings[i];
-        os << tag << "warning: " << (w.read.empty() ? "" : w.read + " ") << "(" << w.tensor << ") "
-           << w.message << "\n";
-      }
-    }
-  }
-  return os.str();
+std::vector<CapturedRead> captured_reads(ReloadSubject& subject, const RunOptions& options) {
+  const at::Tensor x = cold_load_and_warm_up(subject, options);
+  const Capture c = capture(subject, x);
+  std::vector<CapturedRead> reads = c.forward->reads(*c.names);
+  subject.release();
+  return reads;
 }
 
 }  // namespace reloadsafe::harness

@@ -2,6 +2,7 @@
 // must still compute per mode (Note [One cold load per checkpoint] in
 // protocol.cc).
 #include "conformance/harness/protocol.h"
+#include "conformance/harness/report_format.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -15,24 +16,28 @@ namespace {
 // y = x @ w^T with w loaded in place; counts the cold loads it is asked for.
 class CountingSubject : public ReloadSubject {
  public:
-  std::string name() const override { return "counting"; }
-  Checkpoint make_checkpoint(uint64_t seed) override {
+  SubjectInfo info() const override {
+    SubjectInfo info;
+    info.name = "counting";
+    return info;
+  }
+  Checkpoint draw_checkpoint(uint64_t seed) override {
     // With `vary`, the same seed gives other values on every call.
     at::Generator gen = at::detail::createCPUGenerator(vary ? seed + 7 * ++draws : seed);
     return {{"w", at::randn({8, 16}, gen)}};
   }
   void cold_load(const Checkpoint& ckpt) override { w_ = ckpt.at("w").clone(); }
-  void reload(const Checkpoint& ckpt, ReloadMode mode) override {
+  void reload(ReloadMode mode, const Checkpoint& ckpt) override {
     w_.copy_(ckpt.at("w"));
     if (wrong_in_direct && mode == ReloadMode::kDirect) w_.add_(1.0);
   }
   at::Tensor forward(const at::Tensor& x) override { return at::mm(x, w_.t()); }
-  at::Tensor fresh_forward(const Checkpoint& ckpt, const at::Tensor& x) override {
+  at::Tensor cold_forward(const Checkpoint& ckpt, const at::Tensor& x) override {
     ++cold_forwards;
     return at::mm(x, ckpt.at("w").clone().t());
   }
   std::vector<NamedTensor> named_tensors() override { return {{"w", w_, true}}; }
-  at::Tensor make_input(uint64_t seed) override {
+  at::Tensor draw_input(uint64_t seed) override {
     at::Generator gen = at::detail::createCPUGenerator(seed);
     return at::randn({4, 16}, gen);
   }

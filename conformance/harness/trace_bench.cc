@@ -3,7 +3,7 @@
 // run (5 reloads, both modes) with and without the trace.
 //
 //   bazel run -c opt //conformance/harness:trace_bench -- --benchmark_repetitions=5
-#include "conformance/harness/capture.h"
+#include "conformance/trace/capture.h"
 #include "conformance/harness/harness.h"
 
 #include <benchmark/benchmark.h>
@@ -20,8 +20,8 @@ void register_forward(const std::shared_ptr<Backend>& backend, How how, const ch
   benchmark::RegisterBenchmark(("BM_Forward/" + backend->name() + "/" + label).c_str(),
                                [backend, how](benchmark::State& state) {
                                  BackendSubject subject(*backend, c10::kCPU);
-                                 subject.cold_load(subject.make_checkpoint(1));
-                                 const at::Tensor x = subject.make_input(2);
+                                 subject.cold_load(subject.draw_checkpoint(1));
+                                 const at::Tensor x = subject.draw_input(2);
                                  for (auto _ : state) {
                                    if (how == How::kUntraced) {
                                      benchmark::DoNotOptimize(subject.forward(x));
@@ -30,7 +30,7 @@ void register_forward(const std::shared_ptr<Backend>& backend, How how, const ch
                                      benchmark::DoNotOptimize(subject.forward(x));
                                      trace.stop();
                                    } else {
-                                     CapturedForward capture([&] { return subject.forward(x); });
+                                     trace::CapturedForward capture([&] { return subject.forward(x); });
                                      benchmark::DoNotOptimize(capture.output());
                                    }
                                  }

@@ -13,6 +13,7 @@
 #include "conformance/trace/read_trace.h"
 
 #include "conformance/trace/memory_census.h"
+#include "conformance/trace/op_arguments.h"
 
 #include <ATen/core/stack.h>
 #include <c10/util/Exception.h>
@@ -73,34 +74,19 @@ void trace_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
   ReadTrace::dispatch(trace, op, ks, stack);
 }
 
-// A Python tensor (a __torch_dispatch__ subclass, FakeTensor, ...): its
-// storage, if any, is not what kernels read, and touching it may throw.
-bool dispatches_in_python(const at::Tensor& t) {
-  return t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python);
-}
-
 // Whether the op on `stack` goes on to a __torch_dispatch__: one of its
 // tensors dispatches in Python, or a Python dispatch mode is on (a mode
 // includes the Python key for the thread).
 bool dispatch_goes_to_python(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
   if (c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::Python)) return true;
   const size_t num_args = std::min(op.schema().arguments().size(), stack.size());
-  for (size_t i = stack.size() - num_args; i < stack.size(); ++i) {
-    const c10::IValue& v = stack[i];
-    if (v.isTensor()) {
-      if (v.toTensor().defined() && dispatches_in_python(v.toTensor())) return true;
-    } else if (v.isTensorList() || v.isList()) {
-      for (const c10::IValue& e : v.toListRef()) {
-        if (e.isTensor() && e.toTensor().defined() && dispatches_in_python(e.toTensor()))
-          return true;
-      }
-    }
+  bool python = false;
+  for (size_t i = stack.size() - num_args; i < stack.size() && !python; ++i) {
+    for_each_tensor(stack[i], [&](const at::Tensor& t, int) {
+      python = python || (t.defined() && dispatches_in_python(t));
+    });
   }
-  return false;
-}
-
-bool has_plain_storage(const at::Tensor& t) {
-  return t.defined() && !dispatches_in_python(t) && t.has_storage();
+  return python;
 }
 
 // TorchBind qualifies its classes as "__torch__.torch.classes.<ns>.<Name>".
@@ -175,20 +161,7 @@ c10::IValue ReadTrace::hold_as_captured(const c10::IValue& v) const {
     return at::Tensor(t.unsafeGetTensorImpl()->shallow_copy_and_detach(
         /*version_counter=*/c10::VariableVersion(0), /*allow_tensor_metadata_change=*/false));
   };
-  if (v.isTensor()) return snapshot(v.toTensor());
-  if (v.isTensorList()) {
-    c10::List<at::Tensor> held;
-    for (const at::Tensor& t : v.toTensorList().vec()) held.push_back(snapshot(t));
-    return held;
-  }
-  if (v.isList() && v.toListRef().size() > 0) {
-    // Tensor?[]: the same, element by element.
-    c10::impl::GenericList held(v.toList().elementType());
-    for (const c10::IValue& e : v.toListRef())
-      held.push_back(e.isTensor() ? c10::IValue(snapshot(e.toTensor())) : e);
-    return held;
-  }
-  return v;
+  return map_tensors(v, snapshot);
 }
 
 // The trace's observation point: see Note [Why a mode-key fallback and not
@@ -202,19 +175,6 @@ void register_object_tensors(const std::string& class_name, ObjectTensors fn) {
   ObjectTensorRegistry& registry = object_tensor_registry();
   std::lock_guard<std::mutex> lock(registry.mutex);
   registry.by_class[class_name] = std::move(fn);
-}
-
-std::string to_hex(const void* p) {
-  std::ostringstream os;
-  os << p;
-  return os.str();
-}
-
-std::string TensorRead::layout() const {
-  std::ostringstream os;
-  os << c10::toString(dtype) << c10::IntArrayRef(sizes) << " stride " << c10::IntArrayRef(strides)
-     << " offset " << storage_offset << " on " << device;
-  return os.str();
 }
 
 std::string ObjectRead::where(const std::string& op_name) const {
@@ -302,12 +262,9 @@ TensorRead ReadTrace::read_of(const at::Tensor& t, int arg, int element,
   r.element = element;
   r.arg_name = schema_arg.name();
   r.written = schema_arg.alias_info() != nullptr && schema_arg.alias_info()->isWrite();
-  r.sizes = t.sizes().vec();
-  r.strides = t.layout() == c10::kStrided ? t.strides().vec() : std::vector<int64_t>{};
-  r.dtype = t.scalar_type();
-  r.device = t.device();
   r.subclass = dispatches_in_python(t);
   r.has_storage = !r.subclass && t.has_storage();
+  static_cast<TensorLocation&>(r) = TensorLocation::of(t);
   if (!r.has_storage) {
     // Nothing addressable to compare; treated as external so that it is
     // reported rather than silently ignored.
@@ -316,14 +273,6 @@ TensorRead ReadTrace::read_of(const at::Tensor& t, int arg, int element,
   }
   const c10::Storage& storage = t.storage();
   c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
-  r.storage = impl;
-  r.storage_data = storage.data();
-  r.storage_nbytes = storage.nbytes();
-  r.storage_offset = t.storage_offset();
-  if (r.storage_data != nullptr) {
-    r.data_ptr = static_cast<const char*>(r.storage_data) +
-                 r.storage_offset * static_cast<int64_t>(t.element_size());
-  }
   auto it = seen_.find(impl);
   if (it == seen_.end()) {
     it = seen_
@@ -424,24 +373,13 @@ void ReadTrace::begin_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVa
   for (size_t i = 0; i < num_args; ++i) {
     const c10::IValue& v = args[first + i];
     const c10::Argument& a = schema.arguments()[i];
-    auto add = [&](const at::Tensor& t, int element) {
-      if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
-      call.reads.push_back(read_of(t, static_cast<int>(i), element, a));
-    };
-    if (v.isTensor()) {
-      add(v.toTensor(), -1);
-    } else if (v.isTensorList()) {
-      const auto list = v.toTensorList();
-      for (size_t e = 0; e < list.size(); ++e) add(list.get(e), static_cast<int>(e));
-    } else if (v.isList()) {
-      // Tensor?[] (optional tensors, as index() takes) arrive as generic lists.
-      const auto list = v.toListRef();
-      for (size_t e = 0; e < list.size(); ++e) {
-        if (list[e].isTensor()) add(list[e].toTensor(), static_cast<int>(e));
-      }
-    } else if (v.isObject()) {
-      add_object(call, v, static_cast<int>(i), a);
-    }
+    for_each_in_argument(
+        v,
+        [&](const at::Tensor& t, int element) {
+          if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
+          call.reads.push_back(read_of(t, static_cast<int>(i), element, a));
+        },
+        [&](const c10::IValue& object) { add_object(call, object, static_cast<int>(i), a); });
   }
   if (options_.hold_arguments && depth_ == 0) {
     progress.held_inputs.reserve(num_args);
@@ -468,12 +406,7 @@ void ReadTrace::end_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValu
     if (has_plain_storage(t)) returned.push_back(t.storage().unsafeGetStorageImpl());
   };
   for (size_t i = stack.size() - num_returns; i < stack.size(); ++i) {
-    const c10::IValue& v = stack[i];
-    if (v.isTensor()) {
-      result(v.toTensor());  // no list made for the common single result
-    } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorList().vec()) result(t);
-    }
+    for_each_tensor(stack[i], [&](const at::Tensor& t, int) { result(t); });
   }
   if (depth_ == 0 && !pending_.empty()) {
     resolve_pending(progress.op_index,

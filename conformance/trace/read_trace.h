@@ -93,6 +93,7 @@
 #pragma once
 
 #include "conformance/trace/memory_census.h"
+#include "conformance/trace/tensor_location.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -116,8 +117,10 @@ namespace reloadsafe::trace {
 /// RecordFunction]).
 constexpr c10::DispatchKey kTraceKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
 
-/// One tensor argument of one op, as the op received it.
-struct TensorRead {
+/// One tensor argument of one op, as the op received it: where the tensor
+/// was (TensorLocation; its storage fields are empty for a tensor without a
+/// plain storage) and where the op took it.
+struct TensorRead : TensorLocation {
   int arg = 0;              ///< index of the argument in the op's schema
   int element = -1;         ///< index in a Tensor[] argument; -1 for a single tensor
   std::string arg_name;     ///< the schema's name for the argument ("self", "mat2")
@@ -130,19 +133,7 @@ struct TensorRead {
   /// For a tensor an opaque object reported: that object's identity
   /// (ObjectRead::identity); null for an argument of the op itself.
   const void* object = nullptr;
-  /// The storage's identity, for comparison only: never dereferenced.
-  const void* storage = nullptr;
-  const void* storage_data = nullptr;  ///< the storage's data pointer (null if empty)
-  size_t storage_nbytes = 0;
-  const void* data_ptr = nullptr;  ///< storage_data + storage_offset * itemsize
-  int64_t storage_offset = 0;      ///< in elements
-  std::vector<int64_t> sizes;
-  std::vector<int64_t> strides;
-  c10::ScalarType dtype = c10::ScalarType::Undefined;
-  c10::Device device = c10::Device(c10::kCPU);
 
-  /// "Float[16, 64] stride [64, 1] offset 0 on cpu".
-  std::string layout() const;
   /// "aten::mm arg 1 (mat2)"-style position of this read, given its op.
   std::string where(const std::string& op_name) const;
 };
@@ -174,9 +165,6 @@ using ObjectTensors = std::function<std::vector<at::Tensor>(const c10::IValue& o
 /// name, e.g. "__torch__.torch.classes.quantized.LinearPackedParamsBase",
 /// or the short form ObjectRead::class_name gives). Thread-safe.
 void register_object_tensors(const std::string& class_name, ObjectTensors fn);
-
-/// `p` as reports print addresses ("0x7f3a..."; "0" for null).
-std::string to_hex(const void* p);
 
 /// One op call seen by the trace.
 struct OpCall {

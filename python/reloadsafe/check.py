@@ -112,70 +112,12 @@ class ReloadReport:
         return f"<ReloadReport {self.name!r} ok={self.ok}>"
 
 
-class _Subject(_C.ReloadSubject):
-    """The Python layer as the protocol's ReloadSubject."""
-
-    def __init__(self, spec: _Spec) -> None:
-        _C.ReloadSubject.__init__(self)
-        self.spec = spec
-        self.live: torch.nn.Module | None = None
-
-    # What the protocol calls.
-    def name(self) -> str:
-        return self.spec.name
-
-    def description(self) -> str:
-        return self.spec.description
-
-    def make_checkpoint(self, seed: int) -> Checkpoint:
-        return self.spec.checkpoint(seed)
-
-    def cold_load(self, ckpt: Checkpoint) -> None:
-        self.live = self.spec.new_layer()
-        self.spec.load_and_process(self.live, ckpt)
-
-    def reload(self, ckpt: Checkpoint, mode: Any) -> None:
-        assert self.live is not None
-        self.spec.load_and_process(self.live, ckpt)
-        gc.collect()  # storages kept only by reference cycles are freed before the census
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        assert self.live is not None
-        return self.spec.run_forward(self.live, x)
-
-    def fresh_forward(self, ckpt: Checkpoint, x: torch.Tensor) -> torch.Tensor:
-        return self.spec.fresh_forward(ckpt, x)
-
-    def named_tensors(self) -> list[Any]:
-        assert self.live is not None
-        return self.spec.named(self.live)
-
-    def named_objects(self) -> list[Any]:
-        assert self.live is not None
-        return [_C.NamedObject(no.name, no.obj) for no in named_objects(self.live)]
-
-    def make_input(self, seed: int) -> torch.Tensor:
-        return self.spec.input(seed)
-
-    def release(self) -> None:
-        self.live = None
-        gc.collect()
-
-    def modes(self) -> list[Any]:
-        return [_C.ReloadMode.normal if m == "normal" else _C.ReloadMode.direct for m in self.spec.modes]
-
-    def negative_control(self) -> bool:
-        return self.spec.expect_violation is not None
-
-    def expected_violation(self) -> str:
-        return self.spec.expect_violation or ""
-
-    def memory_tolerance_bytes(self) -> int:
-        return self.spec.memory_tolerance_bytes
-
-
-class _Spec:
-    """check_reload's arguments, validated, with the steps the subject runs."""
+class _LayerSubject(_C.ReloadSubject):
+    """A Python layer as the protocol's subject (conformance/harness/subject.h):
+    check_reload's arguments about the layer, validated here and nowhere
+    else, and the steps the protocol calls (``info``, ``draw_checkpoint``,
+    ``draw_input``, ``cold_load``, ``reload``, ``forward``, ``cold_forward``,
+    ``named_tensors``, ``named_objects``, ``release``) on one live layer."""
 
     def __init__(
         self,
@@ -190,8 +132,10 @@ class _Spec:
         name: str | None,
         undeclared: Iterable[str],
         expect_violation: str | None,
-        memory_tolerance_bytes: int,
+        memory_tolerance_bytes: Any,
     ) -> None:
+        _C.ReloadSubject.__init__(self)
+        self.live: torch.nn.Module | None = None
         if isinstance(layer, torch.nn.Module):
             # A pristine copy made before anything is loaded: every cold load
             # starts from a copy of it, and the caller's module is left as it
@@ -211,19 +155,23 @@ class _Spec:
         self.name = name or default_name
         self.description = ""
         self.device = device
+        if isinstance(modes, str):
+            raise ReloadCheckError(
+                f"check_reload: modes must be a sequence of modes, got the string {modes!r}: pass modes=({modes!r},)"
+            )
         for m in modes:
             if m not in MODES:
                 raise ReloadCheckError(f"check_reload: unknown mode {m!r}; the modes are {MODES}")
         if not modes:
             raise ReloadCheckError("check_reload: `modes` is empty; give 'normal', 'direct' or both")
         self.modes = tuple(modes)
-        self.load = load or functools.partial(load_checkpoint, device=device)
-        self.process = process
-        self.forward = forward
+        self.load_fn = load or functools.partial(load_checkpoint, device=device)
+        self.process_fn = process
+        self.forward_fn = forward
         self.user_checkpoint = make_checkpoint
         self.undeclared = set(undeclared)
         self.expect_violation = expect_violation
-        self.memory_tolerance_bytes = int(memory_tolerance_bytes)
+        self.memory_tolerance_bytes = _whole_number("memory_tolerance_bytes", memory_tolerance_bytes, 0, example=4096)
         self.example_input = example_input
 
         probe = self.new_layer()
@@ -243,7 +191,7 @@ class _Spec:
                 f"check_reload: every parameter of {self.name} is empty, so no checkpoint can be "
                 "drawn from them: pass make_checkpoint=lambda seed: {name: tensor, ...}"
             )
-        self.first_checkpoint = self.checkpoint(0)
+        self.first_checkpoint = self.draw_checkpoint(0)
 
     def _check_drawable(self, probe: torch.nn.Module) -> None:
         """Checkpoints are drawn from the fresh layer's parameters, as dense
@@ -277,7 +225,47 @@ class _Spec:
                 f"torch.nn.Parameter, or pass make_checkpoint=lambda seed: {{name: tensor, ...}}{hint}"
             )
 
-    # Steps.
+    # What the protocol calls.
+    def info(self) -> Any:
+        return _C.SubjectInfo(
+            self.name,
+            self.description,
+            [_C.ReloadMode.normal if m == "normal" else _C.ReloadMode.direct for m in self.modes],
+            self.expect_violation is not None,
+            self.expect_violation or "",
+            self.memory_tolerance_bytes,
+        )
+
+    def cold_load(self, ckpt: Checkpoint) -> None:
+        self.live = self.new_layer()
+        self.load_and_process(self.live, ckpt)
+
+    def reload(self, mode: Any, ckpt: Checkpoint) -> None:
+        assert self.live is not None
+        self.load_and_process(self.live, ckpt)
+        gc.collect()  # storages kept only by reference cycles are freed before the census
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.live is not None
+        return self.run_forward(self.live, x)
+
+    def named_tensors(self) -> list[Any]:
+        assert self.live is not None
+        out = []
+        for nt in named_tensors(self.live):
+            declared = nt.tensor.numel() > 0 and nt.name not in self.undeclared
+            out.append(_C.NamedTensor(nt.name, nt.tensor, declared))
+        return out
+
+    def named_objects(self) -> list[Any]:
+        assert self.live is not None
+        return [_C.NamedObject(no.name, no.obj) for no in named_objects(self.live)]
+
+    def release(self) -> None:
+        self.live = None
+        gc.collect()
+
+    # The steps, on any layer of this subject.
     def new_layer(self) -> torch.nn.Module:
         layer = self.factory()
         if not isinstance(layer, torch.nn.Module):
@@ -293,13 +281,13 @@ class _Spec:
             return layer._apply(lambda t: t if t.is_meta else t.to(self.device))
         return layer.to(self.device)
 
-    def fresh_forward(self, ckpt: Checkpoint, x: torch.Tensor) -> torch.Tensor:
-        """The forward on ``x`` of a fresh cold load of ``ckpt``."""
+    def cold_forward(self, ckpt: Checkpoint, x: torch.Tensor) -> torch.Tensor:
+        """The forward on ``x`` of a cold load of ``ckpt`` into a new layer."""
         fresh = self.new_layer()
         self.load_and_process(fresh, ckpt)
         return self.run_forward(fresh, x)
 
-    def checkpoint(self, seed: int) -> Checkpoint:
+    def draw_checkpoint(self, seed: int) -> Checkpoint:
         if self.user_checkpoint is None:
             return self.drawer(seed)
         ckpt = self.user_checkpoint(seed)
@@ -322,10 +310,10 @@ class _Spec:
 
     def load_and_process(self, layer: torch.nn.Module, ckpt: Checkpoint) -> None:
         with torch.no_grad():
-            self.load(layer, ckpt)
+            self.load_fn(layer, ckpt)
             self._check_loaded(layer, ckpt)
-            if self.process is not None:
-                self.process(layer)
+            if self.process_fn is not None:
+                self.process_fn(layer)
             else:
                 hook = getattr(layer, "process_weights_after_loading", None)
                 if callable(hook):
@@ -367,7 +355,7 @@ class _Spec:
 
     def run_forward(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            out = self.forward(layer, x) if self.forward is not None else layer(x)
+            out = self.forward_fn(layer, x) if self.forward_fn is not None else layer(x)
         if not isinstance(out, torch.Tensor):
             raise ReloadCheckError(
                 f"check_reload: the forward returned {type(out).__name__}, not a tensor: pass forward= "
@@ -375,7 +363,7 @@ class _Spec:
             )
         return out
 
-    def input(self, seed: int) -> torch.Tensor:
+    def draw_input(self, seed: int) -> torch.Tensor:
         x = self.example_input(seed) if callable(self.example_input) else self.example_input
         if not isinstance(x, torch.Tensor):
             raise ReloadCheckError(
@@ -383,18 +371,11 @@ class _Spec:
             )
         return x.to(self.device)
 
-    def named(self, layer: torch.nn.Module) -> list[Any]:
-        out = []
-        for nt in named_tensors(layer):
-            declared = nt.tensor.numel() > 0 and nt.name not in self.undeclared
-            out.append(_C.NamedTensor(nt.name, nt.tensor, declared))
-        return out
-
     def preflight(self) -> None:
         """Cold load, forward, reload, forward once in plain Python, so a
         broken step is reported as an exception naming the step, not as a
         protocol error."""
-        x = self.input(0)
+        x = self.draw_input(0)
         layer = None
         step = "building the layer"
         try:
@@ -404,7 +385,7 @@ class _Spec:
             step = "forward"
             self.run_forward(layer, x)
             step = "load or post-processing of a reload"
-            self.load_and_process(layer, self.checkpoint(1))
+            self.load_and_process(layer, self.draw_checkpoint(1))
             step = "forward after a reload"
             self.run_forward(layer, x)
         except ReloadCheckError:
@@ -522,11 +503,6 @@ def check_reload(
     """
     reloads = _whole_number("reloads", reloads, 1, example=10)
     seed = _whole_number("seed", seed, 0, example=1)
-    memory_tolerance_bytes = _whole_number("memory_tolerance_bytes", memory_tolerance_bytes, 0, example=4096)
-    if isinstance(modes, str):
-        raise ReloadCheckError(
-            f"check_reload: modes must be a sequence of modes, got the string {modes!r}: pass modes=({modes!r},)"
-        )
     try:
         dev = torch.device(device) if device is not None else torch.device("cpu")
     except (RuntimeError, TypeError) as e:
@@ -536,12 +512,11 @@ def check_reload(
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ReloadCheckError("check_reload: device='cuda' but torch.cuda.is_available() is False")
     with _collections_see_only_the_check():
-        spec = _Spec(
+        subject = _LayerSubject(
             layer, example_input, load, process, forward, make_checkpoint, modes, dev, name, undeclared,
             expect_violation, memory_tolerance_bytes,
         )
-        spec.preflight()
-        subject = _Subject(spec)
+        subject.preflight()
         options = _C.RunOptions()
         options.reloads = int(reloads)
         options.device = dev
@@ -551,7 +526,7 @@ def check_reload(
         if dev.type == "cuda":
             from .cuda_graph import graph_replay_check
 
-            graph_replay_check(spec, report, reloads, seed)
+            graph_replay_check(subject, report, reloads, seed)
     return ReloadReport(report, options)
 
 

@@ -40,37 +40,37 @@ def _differs(out: torch.Tensor, expected: torch.Tensor) -> str:
     return f"{int((out != expected).sum())} elements differ"
 
 
-def graph_replay_check(spec: Any, report: Any, reloads: int, seed: int) -> None:
+def graph_replay_check(subject: Any, report: Any, reloads: int, seed: int) -> None:
     """Adds to ``report`` a violation "cuda graph replay" for each reload
     after which the replayed graph's output differs from a fresh cold load."""
-    for mode in spec.modes:
+    for mode in subject.modes:
         try:
-            _one_mode(spec, report, mode, reloads, seed)
+            _one_mode(subject, report, mode, reloads, seed)
         except Exception as e:  # a capture or replay that fails is a finding too
             _C.add_violation(report, mode, 0, "cuda graph", "error", "", f"{type(e).__name__}: {e}", "")
 
 
-def _one_mode(spec: Any, report: Any, mode: str, reloads: int, seed: int) -> None:
-    layer = spec.new_layer()
-    spec.load_and_process(layer, spec.checkpoint(seed))
-    x = spec.input(seed)
+def _one_mode(subject: Any, report: Any, mode: str, reloads: int, seed: int) -> None:
+    layer = subject.new_layer()
+    subject.load_and_process(layer, subject.draw_checkpoint(seed))
+    x = subject.draw_input(seed)
     # Warm up on a side stream, as torch.cuda.graph's documentation asks.
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        spec.run_forward(layer, x)
+        subject.run_forward(layer, x)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = spec.run_forward(layer, x)
+        out = subject.run_forward(layer, x)
     for i in range(1, reloads + 1):
-        ckpt = spec.checkpoint(seed + i)
+        ckpt = subject.draw_checkpoint(seed + i)
         with direct_reload(mode == "direct"):
-            spec.load_and_process(layer, ckpt)
+            subject.load_and_process(layer, ckpt)
         _poison(out)
         graph.replay()
         torch.cuda.synchronize()
-        expected = spec.fresh_forward(ckpt, x)
+        expected = subject.cold_forward(ckpt, x)
         why = _differs(out, expected)
         if why:
             _C.add_violation(report, mode, i, "cuda graph replay", "output", "fresh cold load", why, "")

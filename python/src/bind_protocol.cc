@@ -7,6 +7,7 @@
 
 #include "conformance/harness/harness.h"
 #include "conformance/harness/protocol.h"
+#include "conformance/harness/report_format.h"
 
 #include <ATen/core/ivalue.h>
 #include <pybind11/stl.h>
@@ -29,6 +30,7 @@ using harness::NamedTensor;
 using harness::ReloadMode;
 using harness::ReloadSubject;
 using harness::RunOptions;
+using harness::SubjectInfo;
 using harness::Violation;
 using harness::Warning;
 
@@ -39,24 +41,24 @@ class PySubject : public ReloadSubject {
  public:
   using ReloadSubject::ReloadSubject;
 
-  std::string name() const override { PYBIND11_OVERRIDE_PURE(std::string, ReloadSubject, name); }
-  std::string description() const override {
-    PYBIND11_OVERRIDE(std::string, ReloadSubject, description);
+  SubjectInfo info() const override { PYBIND11_OVERRIDE_PURE(SubjectInfo, ReloadSubject, info); }
+  Checkpoint draw_checkpoint(uint64_t seed) override {
+    PYBIND11_OVERRIDE_PURE(Checkpoint, ReloadSubject, draw_checkpoint, seed);
   }
-  Checkpoint make_checkpoint(uint64_t seed) override {
-    PYBIND11_OVERRIDE_PURE(Checkpoint, ReloadSubject, make_checkpoint, seed);
+  at::Tensor draw_input(uint64_t seed) override {
+    PYBIND11_OVERRIDE_PURE(at::Tensor, ReloadSubject, draw_input, seed);
   }
   void cold_load(const Checkpoint& ckpt) override {
     PYBIND11_OVERRIDE_PURE(void, ReloadSubject, cold_load, ckpt);
   }
-  void reload(const Checkpoint& ckpt, ReloadMode mode) override {
-    PYBIND11_OVERRIDE_PURE(void, ReloadSubject, reload, ckpt, mode);
+  void reload(ReloadMode mode, const Checkpoint& ckpt) override {
+    PYBIND11_OVERRIDE_PURE(void, ReloadSubject, reload, mode, ckpt);
   }
   at::Tensor forward(const at::Tensor& x) override {
     PYBIND11_OVERRIDE_PURE(at::Tensor, ReloadSubject, forward, x);
   }
-  at::Tensor fresh_forward(const Checkpoint& ckpt, const at::Tensor& x) override {
-    PYBIND11_OVERRIDE_PURE(at::Tensor, ReloadSubject, fresh_forward, ckpt, x);
+  at::Tensor cold_forward(const Checkpoint& ckpt, const at::Tensor& x) override {
+    PYBIND11_OVERRIDE_PURE(at::Tensor, ReloadSubject, cold_forward, ckpt, x);
   }
   std::vector<NamedTensor> named_tensors() override {
     PYBIND11_OVERRIDE_PURE(std::vector<NamedTensor>, ReloadSubject, named_tensors);
@@ -64,22 +66,7 @@ class PySubject : public ReloadSubject {
   std::vector<NamedObject> named_objects() override {
     PYBIND11_OVERRIDE(std::vector<NamedObject>, ReloadSubject, named_objects);
   }
-  at::Tensor make_input(uint64_t seed) override {
-    PYBIND11_OVERRIDE_PURE(at::Tensor, ReloadSubject, make_input, seed);
-  }
   void release() override { PYBIND11_OVERRIDE(void, ReloadSubject, release); }
-  std::vector<ReloadMode> modes() const override {
-    PYBIND11_OVERRIDE(std::vector<ReloadMode>, ReloadSubject, modes);
-  }
-  bool negative_control() const override {
-    PYBIND11_OVERRIDE(bool, ReloadSubject, negative_control);
-  }
-  std::string expected_violation() const override {
-    PYBIND11_OVERRIDE(std::string, ReloadSubject, expected_violation);
-  }
-  int64_t memory_tolerance_bytes() const override {
-    PYBIND11_OVERRIDE(int64_t, ReloadSubject, memory_tolerance_bytes);
-  }
 };
 
 // The identity the read trace gives a TorchBind object (its ivalue::Object).
@@ -192,15 +179,29 @@ void bind_protocol(py::module_& m) {
       .def_readonly("modes", &BackendReport::modes)
       .def("ok", &BackendReport::ok);
 
+  py::class_<SubjectInfo>(m, "SubjectInfo")
+      .def(py::init([](std::string name, std::string description, std::vector<ReloadMode> modes,
+                       bool negative_control, std::string expected_violation,
+                       int64_t memory_tolerance_bytes) {
+             return SubjectInfo{std::move(name),       std::move(description),
+                                std::move(modes),      negative_control,
+                                std::move(expected_violation), memory_tolerance_bytes};
+           }),
+           py::arg("name"), py::arg("description") = "",
+           py::arg("modes") = std::vector<ReloadMode>{ReloadMode::kNormal, ReloadMode::kDirect},
+           py::arg("negative_control") = false, py::arg("expected_violation") = "",
+           py::arg("memory_tolerance_bytes") = 0)
+      .def_readonly("name", &SubjectInfo::name)
+      .def_readonly("description", &SubjectInfo::description)
+      .def_readonly("modes", &SubjectInfo::modes)
+      .def_readonly("negative_control", &SubjectInfo::negative_control)
+      .def_readonly("expected_violation", &SubjectInfo::expected_violation)
+      .def_readonly("memory_tolerance_bytes", &SubjectInfo::memory_tolerance_bytes);
+
   py::class_<ReloadSubject, PySubject>(m, "ReloadSubject")
       .def(py::init<>())
-      .def("description", &ReloadSubject::description)
       .def("release", &ReloadSubject::release)
-      .def("named_objects", &ReloadSubject::named_objects)
-      .def("modes", &ReloadSubject::modes)
-      .def("negative_control", &ReloadSubject::negative_control)
-      .def("expected_violation", &ReloadSubject::expected_violation)
-      .def("memory_tolerance_bytes", &ReloadSubject::memory_tolerance_bytes);
+      .def("named_objects", &ReloadSubject::named_objects);
 
   m.def("run_subject", &harness::run_subject, py::arg("subject"), py::arg("options"));
   m.def("to_json", &harness::to_json, py::arg("reports"), py::arg("options"));

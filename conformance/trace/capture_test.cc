@@ -1,4 +1,4 @@
-#include "conformance/harness/capture.h"
+#include "conformance/trace/capture.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -7,10 +7,10 @@
 
 #include <set>
 
-namespace reloadsafe::harness {
+namespace reloadsafe::trace {
 namespace {
 
-std::set<std::string> whats(const std::vector<Violation>& vs) {
+std::set<std::string> whats(const std::vector<ReadChange>& vs) {
   std::set<std::string> s;
   for (const auto& v : vs) s.insert(v.tensor + ": " + v.what);
   return s;
@@ -58,17 +58,17 @@ TEST(CapturedForward, AReplacedKernelObjectIsAViolationNamingItAndTheOp) {
   {
     // The same object, its weight refilled in place: clean.
     kernel.toCustomClass<Packed>()->weight.copy_(at::randn({8, 4}));
-    trace::ReadTrace retrace;
+    ReadTrace retrace;
     packed_mm(x, kernel);
     retrace.stop();
-    EXPECT_TRUE(capture.compare(retrace, names, 1).empty());
+    EXPECT_TRUE(capture.compare(retrace, names).empty());
   }
   // Re-packed into a new object, as a post-processing that packs again does.
   const c10::IValue repacked(c10::make_intrusive<Packed>(at::randn({8, 4})));
-  trace::ReadTrace retrace;
+  ReadTrace retrace;
   packed_mm(x, repacked);
   retrace.stop();
-  const auto violations = capture.compare(retrace, names, 2);
+  const auto violations = capture.compare(retrace, names);
   EXPECT_EQ(whats(violations).count("linear.packed: object replaced"), 1u);
   EXPECT_EQ(whats(violations).count("linear.packed.unpack()[0]: storage"), 1u)
       << "the tensor the object reports is checked too";
@@ -90,10 +90,10 @@ TEST(CapturedForward, AForwardThatReadsTheSameTensorsComparesClean) {
   CapturedForward capture([&] { return m.forward(x); });
   TensorNames names(m.named());
   m.w.copy_(at::randn({8, 4}));  // new values in place: what a good reload does
-  trace::ReadTrace retrace;
+  ReadTrace retrace;
   m.forward(x);
   retrace.stop();
-  EXPECT_TRUE(capture.compare(retrace, names, 1).empty());
+  EXPECT_TRUE(capture.compare(retrace, names).empty());
   std::string why;
   auto replayed = capture.replay(&why);
   ASSERT_TRUE(replayed.has_value()) << why;
@@ -106,13 +106,12 @@ TEST(CapturedForward, ARebuiltTensorIsFlaggedByAddressAndGivesAStaleReplay) {
   CapturedForward capture([&] { return m.forward(x); });
   TensorNames names(m.named());
   m.scale = at::rand({8}) + 2.0;  // rebuilt: a new tensor
-  trace::ReadTrace retrace;
+  ReadTrace retrace;
   const at::Tensor live = m.forward(x);
   retrace.stop();
-  const auto violations = capture.compare(retrace, names, 3);
+  const auto violations = capture.compare(retrace, names);
   EXPECT_EQ(whats(violations),
             (std::set<std::string>{"scale (undeclared): address", "scale (undeclared): storage"}));
-  EXPECT_EQ(violations[0].reload, 3);
   EXPECT_EQ(violations[0].read, "aten::mul.Tensor arg 1 (other)");
   std::string why;
   auto replayed = capture.replay(&why);
@@ -126,10 +125,10 @@ TEST(CapturedForward, ARebindingOfTheSameObjectIsStillAStaleRead) {
   CapturedForward capture([&] { return m.forward(x); });
   TensorNames names(m.named());
   m.w.set_data(at::randn({8, 4}));  // same object, new storage
-  trace::ReadTrace retrace;
+  ReadTrace retrace;
   const at::Tensor live = m.forward(x);
   retrace.stop();
-  EXPECT_EQ(whats(capture.compare(retrace, names, 1)).count("w: address"), 1u);
+  EXPECT_EQ(whats(capture.compare(retrace, names)).count("w: address"), 1u);
   std::string why;
   auto replayed = capture.replay(&why);
   ASSERT_TRUE(replayed.has_value()) << why;
@@ -143,10 +142,10 @@ TEST(CapturedForward, ALayoutChangeIsFlagged) {
   CapturedForward capture([&] { return m.forward(x); });
   TensorNames names(m.named());
   m.w.set_(m.w.storage(), 0, {8, 4}, {4, 1});  // same bytes, other strides
-  trace::ReadTrace retrace;
+  ReadTrace retrace;
   m.forward(x);
   retrace.stop();
-  EXPECT_EQ(whats(capture.compare(retrace, names, 1)).count("w: layout"), 1u);
+  EXPECT_EQ(whats(capture.compare(retrace, names)).count("w: layout"), 1u);
 }
 
 TEST(CapturedForward, AChangedOpSequenceIsFlaggedOnce) {
@@ -154,10 +153,10 @@ TEST(CapturedForward, AChangedOpSequenceIsFlaggedOnce) {
   const at::Tensor x = at::randn({2, 4});
   CapturedForward capture([&] { return m.forward(x); });
   TensorNames names(m.named());
-  trace::ReadTrace retrace;
+  ReadTrace retrace;
   at::relu(m.forward(x));
   retrace.stop();
-  const auto violations = capture.compare(retrace, names, 1);
+  const auto violations = capture.compare(retrace, names);
   ASSERT_EQ(violations.size(), 1u);
   EXPECT_EQ(violations[0].tensor, "op sequence");
   EXPECT_EQ(violations[0].what, "length changed");
@@ -182,7 +181,7 @@ TEST(TensorNames, LabelsWholeTensorsViewsUndeclaredAndUnknownReads) {
   const at::Tensor s = at::randn({4});
   const at::Tensor other = at::randn({4});
   TensorNames names({{"w", w, true}, {"s", s, false}});
-  trace::ReadTrace trace;
+  ReadTrace trace;
   at::neg(w);
   at::neg(w.t());
   at::neg(s);
@@ -197,4 +196,4 @@ TEST(TensorNames, LabelsWholeTensorsViewsUndeclaredAndUnknownReads) {
 }
 
 }  // namespace
-}  // namespace reloadsafe::harness
+}  // namespace reloadsafe::trace

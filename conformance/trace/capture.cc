@@ -1,4 +1,6 @@
-#include "conformance/harness/capture.h"
+#include "conformance/trace/capture.h"
+
+#include "conformance/trace/op_arguments.h"
 
 #include <ATen/core/stack.h>
 #include <c10/util/Exception.h>
@@ -6,31 +8,54 @@
 #include <algorithm>
 #include <sstream>
 
-namespace reloadsafe::harness {
+namespace reloadsafe::trace {
 namespace {
-
-using trace::to_hex;
 
 // Substrings of the names of ops whose results are random draws.
 constexpr const char* kRandomOps[] = {"rand",        "normal",   "bernoulli",    "dropout",
                                       "multinomial", "uniform_", "exponential_", "geometric_",
                                       "cauchy_",     "random_"};
 
-bool same_layout(const trace::TensorRead& a, const trace::TensorRead& b) {
-  return a.sizes == b.sizes && a.strides == b.strides && a.storage_offset == b.storage_offset &&
-         a.dtype == b.dtype && a.device == b.device;
-}
-
-// A tensor whose storage the replay may look at: not a Python subclass
-// (whose storage, if any, is not what kernels read, and may throw).
-bool plain_storage(const at::Tensor& t) {
-  return t.defined() && !t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python) &&
-         t.has_storage();
-}
-
 bool is_random(const std::string& op) {
   return std::any_of(std::begin(kRandomOps), std::end(kRandomOps),
                      [&](const char* s) { return op.find(s) != std::string::npos; });
+}
+
+// The objects of one op, captured (`a`) and retraced (`b`).
+void compare_objects(const OpCall& a, const OpCall& b, const TensorNames& names,
+                     std::vector<ReadChange>& out) {
+  for (size_t j = 0; j < a.objects.size(); ++j) {
+    const ObjectRead& oa = a.objects[j];
+    const ObjectRead& ob = b.objects[j];
+    if (oa.identity == ob.identity && oa.payload == ob.payload) continue;
+    // A kernel object re-made (or its C++ instance swapped in place): what
+    // it packed at capture is gone, whatever its tensors say.
+    out.push_back(ReadChange{names.label(oa),
+                             oa.identity == ob.identity ? "object re-made in place" : "object replaced",
+                             oa.describe(), ob.describe(), oa.where(a.name)});
+  }
+}
+
+// The tensor reads of one op, captured (`a`) and retraced (`b`).
+void compare_reads(const OpCall& a, const OpCall& b, const TensorNames& names,
+                   std::vector<ReadChange>& out) {
+  for (size_t j = 0; j < a.reads.size(); ++j) {
+    const TensorRead& ra = a.reads[j];
+    const TensorRead& rb = b.reads[j];
+    if (!ra.external) continue;  // made by the forward: the graph's own memory
+    if (rb.external && ra.same_place(rb)) continue;  // the common case: no strings built
+    const std::string label = names.label(ra);
+    const std::string where = ra.where(a.name);
+    if (!rb.external) {
+      out.push_back(ReadChange{label, "now made inside the forward",
+                               to_hex(ra.data_ptr) + " " + ra.layout(),
+                               to_hex(rb.data_ptr) + " " + rb.layout(), where});
+      continue;
+    }
+    for (LocationChange& c : ra.diff(rb)) {
+      out.push_back(ReadChange{label, std::move(c.what), std::move(c.before), std::move(c.after), where});
+    }
+  }
 }
 
 }  // namespace
@@ -47,34 +72,28 @@ void TensorNames::add_object(const std::string& name, const void* identity) {
   objects_.emplace(identity, name);
 }
 
-bool TensorNames::named(const trace::ObjectRead& read) const {
+bool TensorNames::named(const ObjectRead& read) const {
   return objects_.count(read.identity) > 0;
 }
 
-std::string TensorNames::label(const trace::ObjectRead& read) const {
+std::string TensorNames::label(const ObjectRead& read) const {
   auto it = objects_.find(read.identity);
   return it == objects_.end() ? "undeclared object" : it->second;
 }
 
 void TensorNames::add(const std::string& name, const at::Tensor& t, bool declared) {
   // A Python tensor (a subclass) is named through its inner tensors.
-  if (!t.defined() || t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python) ||
-      !t.has_storage()) {
-    return;
-  }
-  const void* data = t.storage().data() == nullptr
-                         ? nullptr
-                         : static_cast<const char*>(t.storage().data()) +
-                               t.storage_offset() * static_cast<int64_t>(t.element_size());
-  by_storage_[t.storage().unsafeGetStorageImpl()].push_back(
-      Entry{name, declared, data, t.sizes().vec(), t.strides().vec()});
+  if (!has_plain_storage(t)) return;
+  TensorLocation location = TensorLocation::of(t);
+  by_storage_[location.storage].push_back(Entry{name, declared, std::move(location)});
 }
 
-std::optional<TensorNames::Found> TensorNames::find(const trace::TensorRead& read) const {
+std::optional<TensorNames::Found> TensorNames::find(const TensorRead& read) const {
   auto it = by_storage_.find(read.storage);
   if (it == by_storage_.end()) return std::nullopt;
   for (const Entry& e : it->second) {
-    if (e.data_ptr == read.data_ptr && e.sizes == read.sizes && e.strides == read.strides) {
+    if (e.location.data_ptr == read.data_ptr && e.location.sizes == read.sizes &&
+        e.location.strides == read.strides) {
       return Found{e.name, e.declared, true};
     }
   }
@@ -82,7 +101,7 @@ std::optional<TensorNames::Found> TensorNames::find(const trace::TensorRead& rea
   return Found{first.name, first.declared, false};
 }
 
-std::string TensorNames::label(const trace::TensorRead& read) const {
+std::string TensorNames::label(const TensorRead& read) const {
   auto found = find(read);
   if (!found && read.object != nullptr) {
     // A tensor an object reported: named after the object, if it has a name.
@@ -99,8 +118,8 @@ std::string TensorNames::label(const trace::TensorRead& read) const {
 }
 
 CapturedForward::CapturedForward(const std::function<at::Tensor()>& forward) {
-  trace_ = std::make_unique<trace::ReadTrace>(
-      trace::ReadTrace::Options{/*nested=*/true, /*hold_arguments=*/true});
+  trace_ = std::make_unique<ReadTrace>(
+      ReadTrace::Options{/*nested=*/true, /*hold_arguments=*/true});
   try {
     output_ = forward();
   } catch (...) {
@@ -113,8 +132,8 @@ CapturedForward::CapturedForward(const std::function<at::Tensor()>& forward) {
 std::vector<CapturedRead> CapturedForward::reads(const TensorNames& names) const {
   std::vector<CapturedRead> out;
   const auto& ops = trace_->ops();
-  for (const trace::OpCall& op : ops) {
-    for (const trace::TensorRead& r : op.reads) {
+  for (const OpCall& op : ops) {
+    for (const TensorRead& r : op.reads) {
       if (!r.external) continue;
       auto found = names.find(r);
       CapturedRead c{r.where(op.name), op.depth, names.label(r), found && found->declared,
@@ -126,7 +145,7 @@ std::vector<CapturedRead> CapturedForward::reads(const TensorNames& names) const
       }
       out.push_back(std::move(c));
     }
-    for (const trace::ObjectRead& o : op.objects) {
+    for (const ObjectRead& o : op.objects) {
       CapturedRead c{o.where(op.name), op.depth, names.label(o), names.named(o),
                      o.class_name, o.identity};
       c.kind = CapturedRead::Kind::kObject;
@@ -136,72 +155,31 @@ std::vector<CapturedRead> CapturedForward::reads(const TensorNames& names) const
   return out;
 }
 
-std::vector<Violation> CapturedForward::compare(const trace::ReadTrace& retrace,
-                                                const TensorNames& names, int reload) const {
-  std::vector<Violation> out;
+std::vector<ReadChange> CapturedForward::compare(const ReadTrace& retrace,
+                                                 const TensorNames& names) const {
+  std::vector<ReadChange> out;
   const auto& before = trace_->ops();
   const auto& after = retrace.ops();
   const size_t common = std::min(before.size(), after.size());
   for (size_t i = 0; i < common; ++i) {
-    const trace::OpCall& a = before[i];
-    const trace::OpCall& b = after[i];
+    const OpCall& a = before[i];
+    const OpCall& b = after[i];
     if (a.name != b.name || a.depth != b.depth || a.reads.size() != b.reads.size() ||
         a.objects.size() != b.objects.size()) {
       // A graph replays the captured sequence: from here on nothing lines up.
-      out.push_back(Violation{reload, "op sequence", "op " + std::to_string(i) + " changed",
-                              a.name + " (depth " + std::to_string(a.depth) + ")",
-                              b.name + " (depth " + std::to_string(b.depth) + ")", ""});
+      out.push_back(ReadChange{"op sequence", "op " + std::to_string(i) + " changed",
+                               a.name + " (depth " + std::to_string(a.depth) + ")",
+                               b.name + " (depth " + std::to_string(b.depth) + ")", ""});
       return out;
     }
-    for (size_t j = 0; j < a.objects.size(); ++j) {
-      const trace::ObjectRead& oa = a.objects[j];
-      const trace::ObjectRead& ob = b.objects[j];
-      if (oa.identity == ob.identity && oa.payload == ob.payload) continue;
-      // A kernel object re-made (or its C++ instance swapped in place): what
-      // it packed at capture is gone, whatever its tensors say.
-      out.push_back(Violation{reload, names.label(oa),
-                              oa.identity == ob.identity ? "object re-made in place" : "object replaced",
-                              oa.describe(), ob.describe(), oa.where(a.name)});
-    }
-    for (size_t j = 0; j < a.reads.size(); ++j) {
-      const trace::TensorRead& ra = a.reads[j];
-      const trace::TensorRead& rb = b.reads[j];
-      if (!ra.external) continue;  // made by the forward: the graph's own memory
-      const bool moved = !rb.external || ra.data_ptr != rb.data_ptr || ra.storage != rb.storage ||
-                         ra.storage_data != rb.storage_data ||
-                         ra.storage_nbytes != rb.storage_nbytes || !same_layout(ra, rb);
-      if (!moved) continue;  // the common case: no strings built
-      const std::string label = names.label(ra);
-      const std::string where = ra.where(a.name);
-      if (!rb.external) {
-        out.push_back(Violation{reload, label, "now made inside the forward",
-                                to_hex(ra.data_ptr) + " " + ra.layout(),
-                                to_hex(rb.data_ptr) + " " + rb.layout(), where});
-        continue;
-      }
-      if (ra.data_ptr != rb.data_ptr) {
-        out.push_back(
-            Violation{reload, label, "address", to_hex(ra.data_ptr), to_hex(rb.data_ptr), where});
-      }
-      if (ra.storage != rb.storage) {
-        out.push_back(
-            Violation{reload, label, "storage", to_hex(ra.storage), to_hex(rb.storage), where});
-      } else if (ra.storage_data != rb.storage_data || ra.storage_nbytes != rb.storage_nbytes) {
-        out.push_back(Violation{
-            reload, label, "storage resized or moved",
-            to_hex(ra.storage_data) + " " + std::to_string(ra.storage_nbytes) + " B",
-            to_hex(rb.storage_data) + " " + std::to_string(rb.storage_nbytes) + " B", where});
-      }
-      if (!same_layout(ra, rb)) {
-        out.push_back(Violation{reload, label, "layout", ra.layout(), rb.layout(), where});
-      }
-    }
+    compare_objects(a, b, names, out);
+    compare_reads(a, b, names, out);
   }
   if (before.size() != after.size()) {
     const std::string extra = before.size() < after.size() ? after[common].name : "(none)";
-    out.push_back(Violation{reload, "op sequence", "length changed",
-                            std::to_string(before.size()) + " ops",
-                            std::to_string(after.size()) + " ops (first new: " + extra + ")", ""});
+    out.push_back(ReadChange{"op sequence", "length changed", std::to_string(before.size()) + " ops",
+                             std::to_string(after.size()) + " ops (first new: " + extra + ")",
+                             ""});
   }
   return out;
 }
@@ -217,13 +195,13 @@ std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
   std::unordered_map<const c10::TensorImpl*, at::Tensor> made;
   std::string missing;
   auto map = [&](const at::Tensor& t) -> at::Tensor {
-    if (t.defined() && !plain_storage(t)) {
+    if (t.defined() && !has_plain_storage(t)) {
       // A subclass tensor (or one without storage): the replayed result in
       // its place if an op made it, else the one held.
       auto it = made.find(t.unsafeGetTensorImpl());
       return it == made.end() ? t : it->second;
     }
-    if (!plain_storage(t)) return t;
+    if (!has_plain_storage(t)) return t;
     if (trace_->classify(t.storage().unsafeGetStorageImpl()).value_or(true)) return t;
     auto it = made.find(t.unsafeGetTensorImpl());
     if (it == made.end()) {
@@ -232,21 +210,7 @@ std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
     }
     return it->second;
   };
-  auto map_value = [&](const c10::IValue& v) -> c10::IValue {
-    if (v.isTensor()) return map(v.toTensor());
-    if (v.isTensorList()) {
-      c10::List<at::Tensor> list;
-      for (const at::Tensor& t : v.toTensorList().vec()) list.push_back(map(t));
-      return list;
-    }
-    if (v.isList() && v.toListRef().size() > 0) {
-      c10::impl::GenericList list(v.toList().elementType());
-      for (const c10::IValue& e : v.toListRef())
-        list.push_back(e.isTensor() ? c10::IValue(map(e.toTensor())) : e);
-      return list;
-    }
-    return v;
-  };
+  auto map_value = [&](const c10::IValue& v) -> c10::IValue { return map_tensors(v, map); };
   auto remember = [&](const c10::IValue& captured, const c10::IValue& replayed) {
     if (captured.isTensor() && replayed.isTensor()) {
       made[captured.toTensor().unsafeGetTensorImpl()] = replayed.toTensor();
@@ -257,7 +221,7 @@ std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
     }
   };
 
-  for (const trace::HeldCall& call : trace_->held_calls()) {
+  for (const HeldCall& call : trace_->held_calls()) {
     torch::jit::Stack stack;
     stack.reserve(call.inputs.size());
     for (const c10::IValue& v : call.inputs) stack.push_back(map_value(v));
@@ -277,7 +241,7 @@ std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
   }
   auto it = made.find(output_.unsafeGetTensorImpl());
   if (it != made.end()) return it->second;
-  if (plain_storage(output_) &&
+  if (has_plain_storage(output_) &&
       trace_->classify(output_.storage().unsafeGetStorageImpl()).value_or(true)) {
     return output_;  // the forward returned a tensor it did not make
   }
@@ -285,4 +249,4 @@ std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
   return std::nullopt;
 }
 
-}  // namespace reloadsafe::harness
+}  // namespace reloadsafe::trace

@@ -10,7 +10,8 @@
 //
 //  - compare(): does the forward, traced again after a reload, issue the
 //    captured op sequence and read every external tensor at the captured
-//    address, on the captured storage, in the captured layout? (The verdict.)
+//    address, on the captured storage, in the captured layout? Each
+//    difference is a ReadChange, which the harness turns into its verdict.
 //  - replay(): what do the captured ops compute from the held tensors now?
 //    After a reload that moved a tensor, the held copy is the stale one, so
 //    the result differs from a fresh load: the evidence a GPU replay gives.
@@ -26,8 +27,8 @@
 // nothing; the address check stays the verdict.
 #pragma once
 
-#include "conformance/harness/protocol.h"
 #include "conformance/trace/read_trace.h"
+#include "conformance/trace/tensor_location.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -38,7 +39,54 @@
 #include <unordered_map>
 #include <vector>
 
-namespace reloadsafe::harness {
+namespace reloadsafe::trace {
+
+/// A tensor a layer can name. Declared tensors are the layer's promise: the
+/// forward may read them, and they keep address, storage and layout across
+/// reloads. Undeclared ones only give traced reads a name.
+struct NamedTensor {
+  std::string name;
+  at::Tensor tensor;
+  bool declared = true;
+};
+
+/// An opaque object (a TorchBind script object) a layer can name, by
+/// identity (ObjectRead::identity).
+struct NamedObject {
+  std::string name;
+  const void* identity = nullptr;
+};
+
+/// One external read of a captured forward, named, for reports.
+struct CapturedRead {
+  std::string op;    ///< "aten::mm arg 1 (mat2)"
+  int depth = 0;     ///< 0: an op the forward called; n: nested inside one
+  std::string name;  ///< the tensor's name, "input" or "undeclared tensor"
+  bool declared = false;
+  std::string layout;  ///< for an object: its class
+  const void* storage = nullptr;  ///< identity, for counting distinct tensors
+  enum class Kind {
+    kTensor,     ///< a tensor with a storage: checked for address and layout
+    kSubclass,   ///< a Python subclass tensor: its inner reads are checked
+    kNoStorage,  ///< sparse, mkldnn, nested: nothing addressable to check
+    kObject,     ///< an opaque object: checked for identity
+  };
+  Kind kind = Kind::kTensor;
+};
+
+/// One way a retraced forward differs from its capture.
+struct ReadChange {
+  /// The read's name (TensorNames::label), or "op sequence".
+  std::string tensor;
+  /// A LocationChange's what ("address", "storage", "storage resized or
+  /// moved", "layout"), or "now made inside the forward", "object
+  /// replaced", "object re-made in place", "op N changed", "length changed".
+  std::string what;
+  std::string before;
+  std::string after;
+  /// "aten::div.Tensor arg 1 (other)"; empty for the op sequence.
+  std::string read;
+};
 
 /// Names for storages: which named tensor, if any, a read's storage belongs
 /// to. The first name added for a storage wins, declared names before
@@ -57,21 +105,20 @@ class TensorNames {
     bool whole = true;  ///< the read is the named tensor itself, not a view of it
   };
   /// The name of the tensor `read` belongs to, or nothing.
-  std::optional<Found> find(const trace::TensorRead& read) const;
+  std::optional<Found> find(const TensorRead& read) const;
   /// find(), as a label: "weight", "weight (view)", "scale (undeclared)",
   /// "undeclared tensor".
-  std::string label(const trace::TensorRead& read) const;
+  std::string label(const TensorRead& read) const;
   /// The name of an opaque object, "undeclared object" if none.
-  std::string label(const trace::ObjectRead& read) const;
+  std::string label(const ObjectRead& read) const;
   /// Whether the object has a name.
-  bool named(const trace::ObjectRead& read) const;
+  bool named(const ObjectRead& read) const;
 
  private:
   struct Entry {
     std::string name;
     bool declared;
-    const void* data_ptr;
-    std::vector<int64_t> sizes, strides;
+    TensorLocation location;
   };
   std::unordered_map<const void*, std::vector<Entry>> by_storage_;
   std::unordered_map<const void*, std::string> objects_;
@@ -84,7 +131,7 @@ class CapturedForward {
   /// recording).
   explicit CapturedForward(const std::function<at::Tensor()>& forward);
 
-  const trace::ReadTrace& trace() const { return *trace_; }
+  const ReadTrace& trace() const { return *trace_; }
   const at::Tensor& output() const { return output_; }
 
   /// The external reads of the capture, named, and its opaque objects, in
@@ -92,18 +139,17 @@ class CapturedForward {
   std::vector<CapturedRead> reads(const TensorNames& names) const;
 
   /// The differences between the capture and `retrace` (the same forward
-  /// traced after a reload), as violations of reload `reload`. Read names
-  /// come from `names` (the names at capture).
-  std::vector<Violation> compare(const trace::ReadTrace& retrace, const TensorNames& names,
-                                 int reload) const;
+  /// traced after a reload), in op order. Read names come from `names` (the
+  /// names at capture).
+  std::vector<ReadChange> compare(const ReadTrace& retrace, const TensorNames& names) const;
 
   /// Replays the captured top-level ops against the held tensors. Returns
   /// the replayed output, or nothing with the reason in `why`.
   std::optional<at::Tensor> replay(std::string* why) const;
 
  private:
-  std::unique_ptr<trace::ReadTrace> trace_;
+  std::unique_ptr<ReadTrace> trace_;
   at::Tensor output_;
 };
 
-}  // namespace reloadsafe::harness
+}  // namespace reloadsafe::trace

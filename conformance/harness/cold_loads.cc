@@ -1,0 +1,72 @@
+#include "conformance/harness/cold_loads.h"
+
+#include <ATen/ATen.h>
+
+#include <cstring>
+
+namespace reloadsafe::harness {
+namespace {
+
+uint64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+  return h * 0xFF51AFD7ED558CCDull;
+}
+// One pass over the bytes, eight at a time (FNV-style, 64 bits).
+uint64_t mix_bytes(uint64_t h, const at::Tensor& t) {
+  const at::Tensor c = t.is_contiguous() ? t : t.contiguous();
+  const auto* p = static_cast<const unsigned char*>(c.const_data_ptr());
+  const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ w) * 0x100000001B3ull;
+  }
+  for (; i < n; ++i) h = (h ^ p[i]) * 0x100000001B3ull;
+  return mix(h, n);
+}
+// Mixes t's dtype, sizes and bytes into *h; false for a tensor whose bytes
+// are not simply there to read (not a dense CPU tensor, a Python subclass).
+bool mix_tensor(uint64_t* h, const at::Tensor& t) {
+  if (!t.defined() || !t.device().is_cpu() || t.layout() != at::kStrided || !t.has_storage() ||
+      t.is_conj() || t.is_neg() ||
+      t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python)) {
+    return false;
+  }
+  *h = mix(*h, static_cast<uint64_t>(t.scalar_type()));
+  for (int64_t d : t.sizes()) *h = mix(*h, static_cast<uint64_t>(d));
+  *h = mix_bytes(*h, t);
+  return true;
+}
+bool fingerprint(const Checkpoint& ckpt, const at::Tensor& x, uint64_t* out) {
+  uint64_t h = 0xCBF29CE484222325ull;
+  for (const auto& [name, t] : ckpt) {
+    for (char c : name) h = mix(h, static_cast<unsigned char>(c));
+    if (!mix_tensor(&h, t)) return false;
+  }
+  if (!mix_tensor(&h, x)) return false;
+  *out = h;
+  return true;
+}
+
+}  // namespace
+
+at::Tensor ColdLoadOutputs::forward(int r, const Checkpoint& ckpt, const at::Tensor& x,
+                                    const std::function<at::Tensor()>& cold_forward) {
+  uint64_t print = 0;
+  const bool printed = keep_ && fingerprint(ckpt, x, &print);
+  if (printed) {
+    auto it = kept_.find(r);
+    if (it != kept_.end() && it->second.fingerprint == print) return it->second.output;
+  }
+  at::Tensor out = cold_forward();
+  if (printed && kept_.count(r) == 0 && out.defined() && out.device().is_cpu() &&
+      out.layout() == at::kStrided) {
+    at::Tensor copy = out.clone(at::MemoryFormat::Contiguous);
+    kept_bytes_ += static_cast<int64_t>(copy.storage().nbytes());
+    kept_[r] = Kept{print, std::move(copy)};
+  }
+  return out;
+}
+
+}  // namespace reloadsafe::harness

@@ -1,0 +1,61 @@
+// cold_loads.h: the forwards of cold loads the protocol compares reloads
+// with, kept across modes where they are the same.
+//
+// Note [One cold load per checkpoint]
+// Each reload's outputs are compared with the forward of a fresh cold load
+// of the same checkpoint. Both modes reload the same checkpoints (the seeds
+// depend on the reload's number only) into the same input, so the second
+// mode's cold loads would recompute the first's: a new layer, a load, a
+// post-processing and a forward per reload, as much as the reload itself.
+// On the CPU each cold-load output is kept (a copy of its bytes) for the
+// mode after, with a fingerprint of what it was computed from (every
+// checkpoint tensor's name, dtype, sizes and bytes, and the input's), and
+// reused only when the later checkpoint and input have the same fingerprint;
+// a subject whose checkpoints or inputs differ for the same seed gets its
+// own cold loads as before. A cold load that depends on anything but the
+// checkpoint (a random rotation drawn at load) fails the comparison within
+// the first mode already. The kept copies are the protocol's, not the
+// subject's: the memory census of the mode that makes them does not count
+// them.
+//
+// Invariant: a kept output is reused only for the same reload number and a
+// checkpoint and input with the same fingerprint; anything else is computed
+// afresh.
+#pragma once
+
+#include "conformance/harness/subject.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+
+namespace reloadsafe::harness {
+
+/// The cold-load outputs of one run (Note [One cold load per checkpoint]).
+class ColdLoadOutputs {
+ public:
+  /// `keep`: keep outputs for a later mode (on the CPU).
+  explicit ColdLoadOutputs(bool keep) : keep_(keep) {}
+
+  /// The cold-load forward for reload `r` of `ckpt` on `x`: a kept one with
+  /// the same fingerprint, else `cold_forward()` (kept for the next mode if
+  /// reload `r` has none kept yet).
+  at::Tensor forward(int r, const Checkpoint& ckpt, const at::Tensor& x,
+                     const std::function<at::Tensor()>& cold_forward);
+
+  /// Bytes of the copies kept so far (the census discounts those made in its mode).
+  int64_t kept_bytes() const { return kept_bytes_; }
+
+ private:
+  struct Kept {
+    uint64_t fingerprint;
+    at::Tensor output;
+  };
+  bool keep_;
+  std::map<int, Kept> kept_;
+  int64_t kept_bytes_ = 0;
+};
+
+}  // namespace reloadsafe::harness

@@ -1,0 +1,78 @@
+#include "conformance/harness/values.h"
+
+#include "conformance/harness/all_close.h"
+
+#include <ATen/ATen.h>
+
+#include <cstring>
+#include <optional>
+#include <sstream>
+
+namespace reloadsafe::harness {
+
+// Whether t's bytes can be read in place as one run: a dense, contiguous CPU
+// tensor with a storage that does not dispatch in Python.
+bool plain_cpu_bytes(const at::Tensor& t) {
+  return t.device().is_cpu() && t.layout() == at::kStrided &&
+         !t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python) && t.has_storage() &&
+         t.is_contiguous();
+}
+
+// Byte for byte (NaN payloads included, which an element-wise == is not).
+bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
+  if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) return false;
+  if (plain_cpu_bytes(a) && plain_cpu_bytes(b)) {
+    const size_t n = a.numel() * a.element_size();  // no dispatch: the common case
+    return n == 0 || std::memcmp(a.const_data_ptr(), b.const_data_ptr(), n) == 0;
+  }
+  if (a.layout() != at::kStrided || b.layout() != at::kStrided) return at::equal(a.cpu(), b.cpu());
+  const at::Tensor ca = a.cpu().contiguous();
+  const at::Tensor cb = b.cpu().contiguous();
+  const size_t n = ca.numel() * ca.element_size();
+  return n == 0 || std::memcmp(ca.const_data_ptr(), cb.const_data_ptr(), n) == 0;
+}
+
+Snapshot::Snapshot(const at::Tensor& t) {
+  if (plain_cpu_bytes(t)) {
+    const auto* p = static_cast<const unsigned char*>(t.const_data_ptr());
+    bytes_.assign(p, p + t.numel() * t.element_size());
+    bytes_taken_ = true;
+  } else {
+    clone_ = t.clone();
+  }
+}
+
+bool Snapshot::unchanged(const at::Tensor& t) const {
+  if (!bytes_taken_) return same_bytes(t, clone_);
+  if (!plain_cpu_bytes(t) || static_cast<size_t>(t.numel() * t.element_size()) != bytes_.size()) {
+    return false;
+  }
+  return bytes_.empty() || std::memcmp(t.const_data_ptr(), bytes_.data(), bytes_.size()) == 0;
+}
+
+std::string max_diff(const at::Tensor& a, const at::Tensor& b) {
+  std::ostringstream os;
+  if (a.sizes() != b.sizes()) {
+    os << "shape " << a.sizes() << " vs " << b.sizes();
+  } else {
+    os << "max |diff| "
+       << (a.cpu().to(at::kDouble) - b.cpu().to(at::kDouble)).abs().max().item<double>();
+  }
+  return os.str();
+}
+
+// NaN and infinities at the same places in both compare equal: a layer may
+// legitimately compute them, and a stale read of poisoned memory (see Note
+// [Poison quarantine] in memory_census.h) still differs from a fresh load.
+bool close(const at::Tensor& a, const at::Tensor& b) {
+  if (a.sizes() != b.sizes()) return false;
+  // Dense float outputs in one pass (all_close.h); anything else through allclose.
+  if (std::optional<bool> fast = all_close(a, b, 1e-5, 1e-5)) return *fast;
+  if (a.scalar_type() == b.scalar_type() && a.device() == b.device()) {
+    return at::allclose(a, b, 1e-5, 1e-5, /*equal_nan=*/true);
+  }
+  return at::allclose(a.cpu().to(at::kDouble), b.cpu().to(at::kDouble), 1e-5, 1e-5,
+                      /*equal_nan=*/true);
+}
+
+}  // namespace reloadsafe::harness

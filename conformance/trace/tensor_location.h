@@ -1,0 +1,88 @@
+// tensor_location.h: where a tensor is, as a captured CUDA graph sees it.
+//
+// A graph bakes in a kernel argument's data pointer and reads it with the
+// layout it had at capture. "Did this tensor move?" is therefore a question
+// about a handful of facts: the storage (its identity, its data pointer and
+// size), the data pointer of the tensor itself, and its layout (offset,
+// sizes, strides, dtype, device). TensorLocation holds exactly those facts,
+// and diff() answers the question with the same four verdicts wherever it is
+// asked (the read trace, the capture, the protocol's declared tensors).
+//
+// Invariant: a TensorLocation never keeps the tensor or its storage alive
+// and never dereferences the pointers it holds; they are identities for
+// comparison. Comparing two locations whose storages were both freed in
+// between is the caller's business (the read trace keeps a weak reference so
+// that an identity is not reused while it looks).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace reloadsafe::trace {
+
+/// `p` as reports print addresses ("0x7f3a..."; "0" for null).
+std::string to_hex(const void* p);
+
+/// Whether `t` dispatches in Python (a `__torch_dispatch__` subclass,
+/// FakeTensor): its storage, if any, is not what kernels read, and touching
+/// it may run Python or throw.
+inline bool dispatches_in_python(const at::Tensor& t) {
+  return t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python);
+}
+
+/// Whether `t` is defined, not a Python tensor, and has a storage: a tensor
+/// whose location means something.
+inline bool has_plain_storage(const at::Tensor& t) {
+  return t.defined() && !dispatches_in_python(t) && t.has_storage();
+}
+
+/// One way a tensor's location changed ("address", "storage", "storage
+/// resized or moved", "layout"), with the before and after as reports print
+/// them.
+struct LocationChange {
+  std::string what;
+  std::string before;
+  std::string after;
+};
+
+/// Where a tensor is. The storage fields are empty for a tensor without a
+/// plain storage (a Python subclass, a sparse or mkldnn tensor).
+struct TensorLocation {
+  /// The storage's identity (its StorageImpl), for comparison only.
+  const void* storage = nullptr;
+  const void* storage_data = nullptr;  ///< the storage's data pointer (null if empty)
+  size_t storage_nbytes = 0;
+  const void* data_ptr = nullptr;  ///< storage_data + storage_offset * itemsize
+  int64_t storage_offset = 0;      ///< in elements
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;  ///< empty for a non-strided layout
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  c10::Device device = c10::Device(c10::kCPU);
+
+  /// The location of `t` (defined). Storage fields only for a tensor with a
+  /// plain storage (has_plain_storage); nothing of `t` is copied or kept.
+  static TensorLocation of(const at::Tensor& t);
+
+  /// Same offset, sizes, strides, dtype and device.
+  bool same_layout(const TensorLocation& other) const;
+
+  /// Same storage, storage bytes, data pointer and layout.
+  bool same_place(const TensorLocation& after) const;
+
+  /// "Float[16, 64] stride [64, 1] offset 0 on cpu".
+  std::string layout() const;
+
+  /// How `after` differs from this location, in the order a report lists
+  /// them: the data pointer ("address"), the storage ("storage"; or, for the
+  /// same storage object, "storage resized or moved"), the layout
+  /// ("layout"). Empty when same_place(after).
+  std::vector<LocationChange> diff(const TensorLocation& after) const;
+};
+
+}  // namespace reloadsafe::trace

@@ -1,0 +1,99 @@
+#include "conformance/trace/tensor_location.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace reloadsafe::trace {
+namespace {
+
+std::vector<std::string> whats(const std::vector<LocationChange>& changes) {
+  std::vector<std::string> out;
+  for (const auto& c : changes) out.push_back(c.what);
+  return out;
+}
+
+TEST(TensorLocation, RecordsTheFactsAGraphBakesIn) {
+  at::Tensor base = at::zeros({4, 8});
+  at::Tensor view = base.narrow(0, 1, 2);
+  const TensorLocation l = TensorLocation::of(view);
+  EXPECT_EQ(l.storage, base.storage().unsafeGetStorageImpl());
+  EXPECT_EQ(l.storage_data, base.data_ptr());
+  EXPECT_EQ(l.storage_nbytes, 4u * 8u * sizeof(float));
+  EXPECT_EQ(l.data_ptr, view.data_ptr());
+  EXPECT_EQ(l.storage_offset, 8);
+  EXPECT_EQ(l.sizes, (std::vector<int64_t>{2, 8}));
+  EXPECT_EQ(l.strides, (std::vector<int64_t>{8, 1}));
+  EXPECT_EQ(l.dtype, at::kFloat);
+  EXPECT_EQ(l.layout(), "Float[2, 8] stride [8, 1] offset 8 on cpu");
+}
+
+TEST(TensorLocation, ATensorWithoutStorageHasOnlyItsLayout) {
+  at::Tensor sparse = at::eye(3).to_sparse();
+  const TensorLocation l = TensorLocation::of(sparse);
+  EXPECT_EQ(l.storage, nullptr);
+  EXPECT_EQ(l.data_ptr, nullptr);
+  EXPECT_EQ(l.sizes, (std::vector<int64_t>{3, 3}));
+  EXPECT_TRUE(l.strides.empty());
+}
+
+// Each row: how the tensor looked after, and the verdicts, in report order.
+struct DiffCase {
+  const char* name;
+  std::function<at::Tensor(at::Tensor&)> after;  // given the original, the tensor after
+  std::vector<std::string> expected;
+};
+
+TEST(TensorLocation, DiffGivesTheSameVerdictsEverywhere) {
+  const std::vector<DiffCase> cases = {
+      {"the same tensor", [](at::Tensor& t) { return t; }, {}},
+      {"a new object on the same storage and layout",
+       [](at::Tensor& t) { return t.view(t.sizes()); },
+       {}},
+      {"new bytes in place", [](at::Tensor& t) { return t.fill_(3); }, {}},
+      {"a fresh tensor of the same layout", [](at::Tensor& t) { return t.clone(); },
+       {"address", "storage"}},
+      {"a view at another offset", [](at::Tensor& t) { return t.as_strided({4, 8}, {8, 1}, 4); },
+       {"address", "layout"}},
+      {"transposed in place of the bytes", [](at::Tensor& t) { return t.view({8, 4}).t(); },
+       {"layout"}},
+      {"reinterpreted as another dtype", [](at::Tensor& t) { return t.view(at::kInt); },
+       {"layout"}},
+      {"its storage reallocated under it",
+       [](at::Tensor& t) {
+         t.resize_({64, 64});
+         return t.narrow(0, 0, 4).narrow(1, 0, 8);
+       },
+       {"address", "storage resized or moved", "layout"}},
+  };
+  for (const DiffCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    at::Tensor t = at::arange(48, at::kFloat).narrow(0, 0, 32).view({4, 8});
+    const TensorLocation before = TensorLocation::of(t);
+    const at::Tensor after_tensor = c.after(t);
+    const TensorLocation after = TensorLocation::of(after_tensor);
+    const std::vector<LocationChange> changes = before.diff(after);
+    EXPECT_EQ(whats(changes), c.expected);
+    EXPECT_EQ(before.same_place(after), c.expected.empty());
+  }
+}
+
+TEST(TensorLocation, DiffSaysBeforeAndAfterAsReportsPrintThem) {
+  at::Tensor t = at::zeros({2, 3});
+  at::Tensor u = at::zeros({3, 2});
+  const TensorLocation before = TensorLocation::of(t);
+  const TensorLocation after = TensorLocation::of(u);
+  const std::vector<LocationChange> changes = before.diff(after);
+  ASSERT_EQ(changes.size(), 3u);
+  EXPECT_EQ(changes[0].before, to_hex(t.data_ptr()));
+  EXPECT_EQ(changes[0].after, to_hex(u.data_ptr()));
+  EXPECT_EQ(changes[1].before, to_hex(t.storage().unsafeGetStorageImpl()));
+  EXPECT_EQ(changes[2].before, "Float[2, 3] stride [3, 1] offset 0 on cpu");
+  EXPECT_EQ(changes[2].after, "Float[3, 2] stride [2, 1] offset 0 on cpu");
+}
+
+}  // namespace
+}  // namespace reloadsafe::trace
