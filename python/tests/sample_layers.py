@@ -1,5 +1,5 @@
 """Python versions of the C++ sample backends (conformance/harness/
-sample_backends.cc) and negative controls, as plain torch.nn.Modules with
+backends/sample_backends.cc) and negative controls, as plain torch.nn.Modules with
 ``process_weights_after_loading``: what a backend author would write.
 
 ``keep_address`` and ``refill`` are the two moves that keep a captured
