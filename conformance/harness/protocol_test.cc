@@ -28,6 +28,10 @@ class CountingSubject : public ReloadSubject {
   }
   void cold_load(const Checkpoint& ckpt) override { w_ = ckpt.at("w").clone(); }
   void reload(ReloadMode mode, const Checkpoint& ckpt) override {
+    if (rebuild_at == ++reloads_seen) {
+      w_ = ckpt.at("w").clone();  // a new tensor: every captured read of w is stale
+      return;
+    }
     w_.copy_(ckpt.at("w"));
     if (wrong_in_direct && mode == ReloadMode::kDirect) w_.add_(1.0);
   }
@@ -45,6 +49,8 @@ class CountingSubject : public ReloadSubject {
 
   bool vary = false;
   bool wrong_in_direct = false;
+  int rebuild_at = 0;  ///< the reload (counted over both modes) that rebuilds w
+  int reloads_seen = 0;
   int draws = 0;
   int cold_forwards = 0;
 
@@ -95,6 +101,24 @@ TEST(Protocol, AWrongReloadInTheSecondModeIsFlaggedAgainstTheKeptColdLoad) {
   for (const Violation& v : direct.violations) forward = forward || v.tensor == "forward";
   EXPECT_TRUE(forward) << to_table({report});
   EXPECT_EQ(subject.cold_forwards, 4);
+}
+
+TEST(Protocol, AViolationCarriesTheNumberOfTheReloadAfterWhichItWasSeen) {
+  CountingSubject subject;
+  subject.rebuild_at = 3;
+  const BackendReport report = run_subject(subject, options(4, true));
+  const ModeReport& normal = report.modes[0];
+  ASSERT_FALSE(normal.violations.empty()) << to_table({report});
+  bool traced = false, declared = false;
+  for (const Violation& v : normal.violations) {
+    // Rebuilt after reload 3 and kept from then on: reloads 3 and 4 see it.
+    EXPECT_GE(v.reload, 3) << v.tensor << " " << v.what;
+    traced = traced || (v.reload == 3 && v.read.rfind("aten::", 0) == 0 && v.what == "address");
+    declared = declared || (v.reload == 3 && v.tensor == "w" && v.read.empty() && v.what == "address");
+  }
+  EXPECT_TRUE(traced) << "the retrace's violation is numbered: " << to_table({report});
+  EXPECT_TRUE(declared) << to_table({report});
+  EXPECT_EQ(report.modes[1].violation_count, 0) << "the direct mode starts from a new cold load";
 }
 
 }  // namespace
