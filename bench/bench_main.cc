@@ -146,9 +146,9 @@ std::vector<ContextEntry> calibrate_dense_copy(const std::vector<int64_t>& copy_
         dense_copy_(dst, src);
       }
       if (const std::optional<bool> streams = large_copy_streams(static_cast<size_t>(n))) {
-        entries.push_back({"dense_copy_band_" + std::to_string(n) + "_threads_" +
-                               std::to_string(threads),
-                           *streams ? "stream" : "memcpy"});
+        entries.push_back(
+            {"dense_copy_band_" + std::to_string(n) + "_threads_" + std::to_string(threads),
+             *streams ? "stream" : "memcpy"});
       }
     }
     if (threads == all_cores()) break;
@@ -173,7 +173,8 @@ int run_benchmarks(int argc, char** argv, const BenchMainOptions& options) {
   benchmark::AddCustomContext("reloadsafe_references", references_of(options));
   if (!options.informational.empty()) {
     std::string prefixes;
-    for (const std::string& p : options.informational) prefixes += (prefixes.empty() ? "" : ";") + p;
+    for (const std::string& p : options.informational)
+      prefixes += (prefixes.empty() ? "" : ";") + p;
     benchmark::AddCustomContext("reloadsafe_informational", prefixes);
   }
 

@@ -54,8 +54,8 @@ void CheckpointFile::write_contents() const {
     const int64_t n = std::min<int64_t>(static_cast<int64_t>(chunk.size()) * 8, nbytes_ - done);
     for (int64_t w = 0; w < n / 8; ++w) chunk[w] = done + 8 * w;
     for (int64_t put = 0; put < n;) {
-      const ssize_t wrote = pwrite(fd_, reinterpret_cast<const char*>(chunk.data()) + put,
-                                   n - put, done + put);
+      const ssize_t wrote =
+          pwrite(fd_, reinterpret_cast<const char*>(chunk.data()) + put, n - put, done + put);
       TORCH_CHECK(wrote > 0, "CheckpointFile: writing ", nbytes_, " bytes to ", scratch_dir(),
                   " failed at byte ", done + put, ": ", errno_text());
       put += wrote;

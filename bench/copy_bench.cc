@@ -42,8 +42,8 @@
 
 #include <sys/mman.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <iostream>
@@ -150,8 +150,8 @@ at::Tensor resident_source_bytes(int64_t n, uint8_t value, bool* huge) {
   constexpr int64_t kHuge = 2 << 20;
   const int64_t reserved = n + kHuge;
   void* base = mmap(nullptr, reserved, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  TORCH_CHECK(base != MAP_FAILED, "mmap of ", reserved, " bytes for the limit's source failed: ",
-              std::strerror(errno));
+  TORCH_CHECK(base != MAP_FAILED, "mmap of ", reserved,
+              " bytes for the limit's source failed: ", std::strerror(errno));
   const auto addr = reinterpret_cast<uintptr_t>(base);
   void* aligned = reinterpret_cast<void*>((addr + kHuge - 1) & ~static_cast<uintptr_t>(kHuge - 1));
   *huge = madvise(aligned, n, MADV_HUGEPAGE) == 0;
@@ -442,20 +442,18 @@ BenchMainOptions register_benchmarks(bool large) {
     if (dest.cuda) continue;
     const int t = dest.threads;
     const std::string prefix = "BM_Limit/" + dest.name + "/";
-    with_sizes(benchmark::RegisterBenchmark(
-                   (prefix + "memcpy").c_str(),
-                   [t](benchmark::State& st) { limit_copy(st, t, false); }),
+    with_sizes(
+        benchmark::RegisterBenchmark((prefix + "memcpy").c_str(),
+                                     [t](benchmark::State& st) { limit_copy(st, t, false); }),
+        sizes);
+    with_sizes(benchmark::RegisterBenchmark((prefix + "stream_copy").c_str(),
+                                            [t](benchmark::State& st) { limit_copy(st, t, true); }),
                sizes);
-    with_sizes(benchmark::RegisterBenchmark(
-                   (prefix + "stream_copy").c_str(),
-                   [t](benchmark::State& st) { limit_copy(st, t, true); }),
-               sizes);
-    options.targets.push_back(
-        {Target::Kind::kBestAtLeast,
-         "file -> " + dest.name + ": best warm strategy / copy limit (" + std::to_string(t) +
-             (t == 1 ? " thread)" : " threads)"),
-         "BM_FileCopy/" + dest.name + "/warm/", prefix + "memcpy/|" + prefix + "stream_copy/",
-         16 << 20, 0.9});
+    options.targets.push_back({Target::Kind::kBestAtLeast,
+                               "file -> " + dest.name + ": best warm strategy / copy limit (" +
+                                   std::to_string(t) + (t == 1 ? " thread)" : " threads)"),
+                               "BM_FileCopy/" + dest.name + "/warm/",
+                               prefix + "memcpy/|" + prefix + "stream_copy/", 16 << 20, 0.9});
   }
   with_sizes(benchmark::RegisterBenchmark("BM_Limit/cpu/cold_seq_read", limit_cold_read), sizes);
 #if RELOADSAFE_BENCH_CUDA

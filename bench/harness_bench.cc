@@ -26,8 +26,8 @@
 //   bench/compare.py harness_bench
 #include "bench/bench_main.h"
 
-#include "conformance/trace/capture.h"
 #include "conformance/harness/harness.h"
+#include "conformance/trace/capture.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -43,11 +43,11 @@ namespace {
 using harness::Backend;
 using harness::BackendRegistry;
 using harness::BackendSubject;
-using trace::CapturedForward;
 using harness::ReloadSession;
 using harness::RunOptions;
+using trace::CapturedForward;
 
-constexpr int kReloads = 10;             // per mode, as check_reload's default
+constexpr int kReloads = 10;                 // per mode, as check_reload's default
 constexpr int kOwnWorkUnits = 2 * kReloads;  // one per reload of both modes
 
 void harness_run(benchmark::State& state, const Backend& backend, bool trace) {
@@ -116,22 +116,25 @@ BenchMainOptions register_benchmarks() {
     const std::string name = backend->name();
     const std::string run = "BM_HarnessRun/" + name + "/";
     const std::string own = "BM_OwnWork/" + name + "/";
-    benchmark::RegisterBenchmark((run + "traced").c_str(), [backend](benchmark::State& s) {
-      harness_run(s, *backend, true);
-    })->MeasureProcessCPUTime()->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark((run + "untraced").c_str(), [backend](benchmark::State& s) {
-      harness_run(s, *backend, false);
-    })->MeasureProcessCPUTime()->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark(("BM_OwnWork/" + name).c_str(), [backend](benchmark::State& s) {
-      own_work(s, *backend);
-    })->MeasureProcessCPUTime()->Unit(benchmark::kMillisecond);
-    for (const auto& [how, label] : {std::pair{How::kUntraced, "untraced"},
-                                     std::pair{How::kTraced, "traced"},
-                                     std::pair{How::kCaptured, "captured"}}) {
-      benchmark::RegisterBenchmark(("BM_Forward/" + name + "/" + label).c_str(),
-                                   [backend, how = how](benchmark::State& s) {
-                                     forward(s, *backend, how);
-                                   })
+    benchmark::RegisterBenchmark((run + "traced").c_str(),
+                                 [backend](benchmark::State& s) { harness_run(s, *backend, true); })
+        ->MeasureProcessCPUTime()
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(
+        (run + "untraced").c_str(),
+        [backend](benchmark::State& s) { harness_run(s, *backend, false); })
+        ->MeasureProcessCPUTime()
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("BM_OwnWork/" + name).c_str(),
+                                 [backend](benchmark::State& s) { own_work(s, *backend); })
+        ->MeasureProcessCPUTime()
+        ->Unit(benchmark::kMillisecond);
+    for (const auto& [how, label] :
+         {std::pair{How::kUntraced, "untraced"}, std::pair{How::kTraced, "traced"},
+          std::pair{How::kCaptured, "captured"}}) {
+      benchmark::RegisterBenchmark(
+          ("BM_Forward/" + name + "/" + label).c_str(),
+          [backend, how = how](benchmark::State& s) { forward(s, *backend, how); })
           ->MeasureProcessCPUTime()
           ->Unit(benchmark::kMicrosecond);
     }

@@ -177,12 +177,12 @@ BenchMainOptions register_benchmarks(bool large) {
   struct Series {
     std::string prefix;  // "BM_Replace/" or "BM_Replace/all_cores/"
     int threads;
-    std::string what;    // in the targets' descriptions
+    std::string what;  // in the targets' descriptions
   };
   const int cores = all_cores();
-  for (const Series& series : {Series{"BM_Replace/", 1, "one thread"},
-                               Series{"BM_Replace/all_cores/", cores,
-                                      std::to_string(cores) + " threads"}}) {
+  for (const Series& series :
+       {Series{"BM_Replace/", 1, "one thread"},
+        Series{"BM_Replace/all_cores/", cores, std::to_string(cores) + " threads"}}) {
     const int t = series.threads;
     const auto reg = [&](const char* name, auto fn) {
       return sized(benchmark::RegisterBenchmark((series.prefix + name).c_str(),
@@ -192,14 +192,13 @@ BenchMainOptions register_benchmarks(bool large) {
     reg("placed", replace_placed)->UseRealTime();
     reg("direct_reload", replace_direct_reload)->UseManualTime();
     reg("memcpy", [](benchmark::State& st, int n) { copy_limit(st, n, false); })->UseRealTime();
-    reg("stream_copy", [](benchmark::State& st, int n) { copy_limit(st, n, true); })
-        ->UseRealTime();
+    reg("stream_copy", [](benchmark::State& st, int n) { copy_limit(st, n, true); })->UseRealTime();
     const std::string limit = series.prefix + "memcpy/|" + series.prefix + "stream_copy/";
     for (const char* path : {"in_place", "placed", "direct_reload"}) {
-      options.targets.push_back({Target::Kind::kEachAtLeast,
-                                 std::string("replace_parameter ") + path + " / copy limit (" +
-                                     series.what + ")",
-                                 series.prefix + path + "/", limit, 16 << 20, 0.9});
+      options.targets.push_back(
+          {Target::Kind::kEachAtLeast,
+           std::string("replace_parameter ") + path + " / copy limit (" + series.what + ")",
+           series.prefix + path + "/", limit, 16 << 20, 0.9});
     }
   }
   benchmark::RegisterBenchmark("BM_InOwnStorage/decision_unplaced", in_own_storage_decision)
@@ -218,8 +217,7 @@ BenchMainOptions register_benchmarks(bool large) {
 }  // namespace reloadsafe::bench
 
 int main(int argc, char** argv) {
-  const bool large =
-      reloadsafe::bench::take_flag(&argc, argv, "reloadsafe_large").has_value();
+  const bool large = reloadsafe::bench::take_flag(&argc, argv, "reloadsafe_large").has_value();
   return reloadsafe::bench::run_benchmarks(argc, argv,
                                            reloadsafe::bench::register_benchmarks(large));
 }

@@ -18,8 +18,9 @@ std::string series_of(const std::string& name) {
   std::vector<std::string> parts;
   std::stringstream in(name);
   for (std::string part; std::getline(in, part, '/');) parts.push_back(part);
-  while (!parts.empty() && (parts.back() == "real_time" || parts.back() == "manual_time" ||
-                            parts.back() == "process_time" || starts_with(parts.back(), "bytes:"))) {
+  while (!parts.empty() &&
+         (parts.back() == "real_time" || parts.back() == "manual_time" ||
+          parts.back() == "process_time" || starts_with(parts.back(), "bytes:"))) {
     parts.pop_back();
   }
   return parts.empty() ? name : parts.back();
@@ -101,8 +102,8 @@ void append_time_ratios(const Target& t, const std::map<std::string, Measurement
     auto it = fastest.find(size);
     if (it == fastest.end()) continue;
     const double ratio = m.time_ns / it->second;
-    results->push_back({t.description, size == kNoSize ? 0 : size, ratio, t.bound, true,
-                        ratio <= t.bound, name});
+    results->push_back(
+        {t.description, size == kNoSize ? 0 : size, ratio, t.bound, true, ratio <= t.bound, name});
   }
 }
 
@@ -201,8 +202,8 @@ void write_target_results_json(std::ostream& out, const std::vector<TargetResult
     out << (i ? "," : "") << "\n    {\"description\": " << json_string(r.description)
         << ", \"bytes\": " << r.bytes << ", \"value\": " << std::setprecision(6) << r.value
         << ", \"bound\": " << r.bound << ", \"comparison\": \"" << (r.at_most ? "<=" : ">=")
-        << "\", \"unit\": \"" << (r.is_time ? "ns" : "ratio") << "\", \"met\": "
-        << (r.met ? "true" : "false")
+        << "\", \"unit\": \"" << (r.is_time ? "ns" : "ratio")
+        << "\", \"met\": " << (r.met ? "true" : "false")
         << ", \"benchmark\": " << json_string(r.candidate) << "}";
   }
   out << "\n  ]\n}\n";

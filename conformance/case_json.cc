@@ -41,9 +41,9 @@ at::Tensor as_attr_tensor(const Json& v, const std::string& what) {
   const Json list = scalar ? Json::array({values}) : values;
   const bool boolean = !list.empty() && std::all_of(list.begin(), list.end(),
                                                     [](const Json& x) { return x.is_boolean(); });
-  at::Tensor t = at::empty(scalar ? std::vector<int64_t>{} : std::vector<int64_t>{
-                                                                 static_cast<int64_t>(list.size())},
-                           at::TensorOptions().dtype(boolean ? at::kBool : at::kLong));
+  at::Tensor t = at::empty(
+      scalar ? std::vector<int64_t>{} : std::vector<int64_t>{static_cast<int64_t>(list.size())},
+      at::TensorOptions().dtype(boolean ? at::kBool : at::kLong));
   for (size_t i = 0; i < list.size(); ++i) {
     const std::string where = what + ".tensor" + (scalar ? "" : "[" + std::to_string(i) + "]");
     if (boolean) {

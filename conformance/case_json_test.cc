@@ -34,7 +34,8 @@ TEST(AsInt, Int64RangeOnly) {
 
 TEST(AsAttrs, TensorValues) {
   const AttrMap attrs = as_attrs(
-      Json::parse(R"({"s": {"tensor": 3}, "v": {"tensor": [0, 2]}, "b": {"tensor": [true]}})"), "a");
+      Json::parse(R"({"s": {"tensor": 3}, "v": {"tensor": [0, 2]}, "b": {"tensor": [true]}})"),
+      "a");
   const at::Tensor s = std::get<at::Tensor>(attrs.at("s"));
   EXPECT_EQ(s.dim(), 0);
   EXPECT_EQ(s.scalar_type(), at::kLong);

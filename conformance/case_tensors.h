@@ -86,8 +86,7 @@ const Geometry& geometry(const TensorSpec& spec);
 
 /// PyTorch's contiguous strides of `shape` (a size 0 counts as 1); throws if
 /// they overflow int64.
-std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape,
-                                        const std::string& what);
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape, const std::string& what);
 
 /// A layout object of an operation (`old`, `new`, `dst`, `src`, `tensor`).
 /// Unknown fields are errors; an owned storage must hold the layout.

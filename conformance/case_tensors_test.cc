@@ -33,14 +33,14 @@ TEST(ReadObject, OwnedOrViewByType) {
   EXPECT_EQ(named.name, "w");
   EXPECT_THROW(read_object(Json::parse(R"({"name": "w", "dtype": "uint8", "shape": [1]})"), "t"),
                c10::Error);
-  EXPECT_THROW(read_object(Json::parse(R"({"dtype": "uint8", "shape": [4], "storage_nbytes": 3})"),
-                           "old"),
-               c10::Error);
+  EXPECT_THROW(
+      read_object(Json::parse(R"({"dtype": "uint8", "shape": [4], "storage_nbytes": 3})"), "old"),
+      c10::Error);
 }
 
 TEST(CaseTensors, BudgetIsCheckedBeforeAllocating) {
-  const ObjectSpec half = read_object(
-      Json::parse(R"({"dtype": "uint8", "shape": [536870912]})"), "a");  // 512 MiB each
+  const ObjectSpec half =
+      read_object(Json::parse(R"({"dtype": "uint8", "shape": [536870912]})"), "a");  // 512 MiB each
   const ObjectSpec meta = read_object(
       Json::parse(R"({"dtype": "uint8", "shape": [1073741824], "device": "meta"})"), "m");
   EXPECT_NO_THROW(CaseTensors::plan({&half.tensor, &half.tensor, &meta.tensor, nullptr}));
@@ -55,8 +55,8 @@ TEST(CaseTensors, PatternsAndViews) {
   const at::Tensor t1 = tensors.own(old.tensor, 1, "new");
   EXPECT_TRUE(at::equal(t0, at::tensor({13, 20, 27, 34}, at::kByte)));
   EXPECT_TRUE(at::equal(t1, at::tensor({171, 182, 193, 204}, at::kByte)));
-  const ObjectSpec view =
-      read_object(Json::parse(R"({"dtype": "uint8", "shape": [2], "offset": 2, "on": "old"})"), "v");
+  const ObjectSpec view = read_object(
+      Json::parse(R"({"dtype": "uint8", "shape": [2], "offset": 2, "on": "old"})"), "v");
   const at::Tensor v = tensors.second(view.tensor, &t0.storage(), "old", "new");
   EXPECT_TRUE(v.storage().is_alias_of(t0.storage()));
   EXPECT_TRUE(at::equal(v, at::tensor({27, 34}, at::kByte)));

@@ -62,9 +62,9 @@ std::vector<std::string> lines_of(const fs::path& path) {
 // Element sizes by case-format dtype name (golden/FORMAT.md).
 std::optional<int64_t> itemsize(const Json& dtype) {
   static const std::map<std::string, int64_t> sizes = {
-      {"bool", 1},    {"uint8", 1},    {"int8", 1},     {"int16", 2},
-      {"int32", 4},   {"int64", 8},    {"float16", 2},  {"bfloat16", 2},
-      {"float32", 4}, {"float64", 8},  {"float8_e4m3fn", 1}, {"float8_e5m2", 1}};
+      {"bool", 1},    {"uint8", 1},   {"int8", 1},          {"int16", 2},
+      {"int32", 4},   {"int64", 8},   {"float16", 2},       {"bfloat16", 2},
+      {"float32", 4}, {"float64", 8}, {"float8_e4m3fn", 1}, {"float8_e5m2", 1}};
   if (!dtype.is_string()) return std::nullopt;
   auto it = sizes.find(dtype.get<std::string>());
   return it == sizes.end() ? std::nullopt : std::optional<int64_t>(it->second);
@@ -159,7 +159,8 @@ Verdict check_extent(const Json& c, const Json& expected) {
   if (c.contains("stride") && (!stride || stride->size() != shape->size())) return std::nullopt;
   const std::optional<int64_t> span = stride ? fuzz::model::extent(*shape, *stride) : std::nullopt;
   if (!span) {
-    return expected.contains("error") ? "" : "the model's extent overflows int64, expected an error";
+    return expected.contains("error") ? ""
+                                      : "the model's extent overflows int64, expected an error";
   }
   if (expected.contains("error")) return "the model's extent is " + std::to_string(*span);
   return expected.value("extent", Json()) == *span
@@ -192,9 +193,8 @@ Verdict check_in_own_storage(const Json& c, const Json& expected) {
   q.whole_storage = c.contains("whole_storage") && c["whole_storage"] == true;
   const bool placed = fuzz::model::places(q);
 
-  Json result = {{"dtype", new_layout->dtype},
-                 {"shape", new_layout->shape},
-                 {"stride", new_layout->stride}};
+  Json result = {
+      {"dtype", new_layout->dtype}, {"shape", new_layout->shape}, {"stride", new_layout->stride}};
   if (placed) {
     result["byte_offset"] = old_layout->offset * old_layout->itemsize;
     result["storage"] = "old";
@@ -220,8 +220,8 @@ Verdict check_storage_view(const Json& c, const Json& expected) {
   const auto l = layout_of(layout);
   const auto nbytes = sizes_of(Json::array({c["storage_nbytes"]}));
   if (!l || !nbytes || !l->span) return std::nullopt;
-  const bool fits =
-      (static_cast<Int128>(l->offset) + *l->span) * l->itemsize <= static_cast<Int128>((*nbytes)[0]);
+  const bool fits = (static_cast<Int128>(l->offset) + *l->span) * l->itemsize <=
+                    static_cast<Int128>((*nbytes)[0]);
   if (fits == expected.contains("error")) {
     return std::string("the model says the view ") + (fits ? "fits" : "does not fit") +
            " its storage, but the expected line " + (fits ? "is an error" : "has a view");
@@ -266,8 +266,8 @@ TEST(GoldenModelTest, ExpectationsAgreeWithTheModel) {
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
     const std::string suffix = ".expected.jsonl";
-    if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(),
-                                                     suffix) != 0) {
+    if (name.size() <= suffix.size() ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
       continue;
     }
     const fs::path cases_path = dir / (name.substr(0, name.size() - suffix.size()) + ".jsonl");
@@ -307,21 +307,29 @@ TEST(GoldenModelTest, WrongExpectationsAreCaught) {
 
   const char* fit_case =
       R"({"op": "in_own_storage", "old": {"dtype": "uint8", "shape": [16]}, "new": {"dtype": "int32", "shape": [4]}})";
-  EXPECT_EQ(verdict(check_in_own_storage, fit_case,
-                    R"({"placed": true, "result": {"dtype": "int32", "shape": [4], "stride": [1], "byte_offset": 0, "storage": "old"}})"),
-            "");
-  EXPECT_NE(verdict(check_in_own_storage, fit_case,
-                    R"({"placed": false, "result": {"dtype": "int32", "shape": [4], "stride": [1], "byte_offset": 0, "storage": "old"}})"),
-            "");
-  EXPECT_NE(verdict(check_in_own_storage, fit_case,
-                    R"({"placed": true, "result": {"dtype": "int32", "shape": [4], "stride": [1], "byte_offset": 4, "storage": "old"}})"),
-            "");
+  EXPECT_EQ(
+      verdict(
+          check_in_own_storage, fit_case,
+          R"({"placed": true, "result": {"dtype": "int32", "shape": [4], "stride": [1], "byte_offset": 0, "storage": "old"}})"),
+      "");
+  EXPECT_NE(
+      verdict(
+          check_in_own_storage, fit_case,
+          R"({"placed": false, "result": {"dtype": "int32", "shape": [4], "stride": [1], "byte_offset": 0, "storage": "old"}})"),
+      "");
+  EXPECT_NE(
+      verdict(
+          check_in_own_storage, fit_case,
+          R"({"placed": true, "result": {"dtype": "int32", "shape": [4], "stride": [1], "byte_offset": 4, "storage": "old"}})"),
+      "");
 
   const char* view_case =
       R"({"op": "storage_view", "storage_nbytes": 3, "dtype": "int32", "shape": [1]})";
-  EXPECT_NE(verdict(check_storage_view, view_case,
-                    R"({"view": {"dtype": "int32", "shape": [1], "stride": [1], "byte_offset": 0, "storage": "same"}})"),
-            "");
+  EXPECT_NE(
+      verdict(
+          check_storage_view, view_case,
+          R"({"view": {"dtype": "int32", "shape": [1], "stride": [1], "byte_offset": 0, "storage": "same"}})"),
+      "");
   EXPECT_EQ(verdict(check_storage_view, view_case, R"({"error": "x"})"), "");
 }
 

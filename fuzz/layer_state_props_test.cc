@@ -550,11 +550,11 @@ struct RefillDerived : ModelledCommand {
       const Layout& fresh = tensor->layout;
       if (o.layout.shape == fresh.shape && o.layout.dtype == fresh.dtype) {
         // An empty held tensor writes nothing, so it counts as owning it.
-        const bool owns = o.layout.numel() == 0 ||
-                          (o.layout.offset == 0 &&
-                           o.layout.span() * o.layout.itemsize() ==
-                               static_cast<int64_t>(m.storages.at(o.sid).size()) &&
-                           o.layout.span() >= o.layout.numel());
+        const bool owns =
+            o.layout.numel() == 0 || (o.layout.offset == 0 &&
+                                      o.layout.span() * o.layout.itemsize() ==
+                                          static_cast<int64_t>(m.storages.at(o.sid).size()) &&
+                                      o.layout.span() >= o.layout.numel());
         if (!owns) return false;
         m.write(o.sid, 0, o.layout, m.read(sid, fresh.offset * fresh.itemsize(), fresh));
         ++m.events["refilled in place"];

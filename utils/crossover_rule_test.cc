@@ -36,7 +36,8 @@ TEST(LeastLossCrossover, Table) {
       {"clear crossover at 8 MiB", {1.3, 1.2, 1.1, 0.7, 0.6, 0.6, 0.6}, 8 * kMiB},
       // The failure of the old three-in-a-row rule: one noisy size (32 MiB)
       // inside the streaming region must not push the crossover past it.
-      {"one noisy size inside the streaming region", {1.3, 1.2, 0.7, 0.7, 0.99, 0.6, 0.6},
+      {"one noisy size inside the streaming region",
+       {1.3, 1.2, 0.7, 0.7, 0.99, 0.6, 0.6},
        4 * kMiB},
       {"one noisy win among the memcpy sizes", {1.3, 0.8, 1.3, 1.2, 0.6, 0.6, 0.6}, 16 * kMiB},
       {"streaming never wins", {1.3, 1.2, 1.1, 1.05, 1.1, 1.2, 1.3}, std::nullopt},
@@ -88,8 +89,15 @@ TEST(BandStreams, Table) {
 
 TEST(CopyBand, PowersOfTwoStartABand) {
   const std::pair<size_t, int> cases[] = {
-      {1, 0}, {2, 1}, {3, 1}, {128 * kMiB - 1, 26}, {128 * kMiB, 27}, {200 * kMiB, 27},
-      {256 * kMiB, 28}, {512 * kMiB + 5, 29}, {size_t{1} << 40, 40},
+      {1, 0},
+      {2, 1},
+      {3, 1},
+      {128 * kMiB - 1, 26},
+      {128 * kMiB, 27},
+      {200 * kMiB, 27},
+      {256 * kMiB, 28},
+      {512 * kMiB + 5, 29},
+      {size_t{1} << 40, 40},
   };
   for (const auto& [bytes, band] : cases) EXPECT_EQ(copy_band(bytes), band) << bytes;
 }

@@ -12,9 +12,9 @@
 
 #include <algorithm>
 #include <atomic>
-#include <ctime>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -105,9 +105,8 @@ void for_each_chunk(size_t n, F&& f) {
     return;
   }
   const int64_t blocks = (bytes + kBlock - 1) / kBlock;
-  at::parallel_for(0, blocks, kGrainBytes / kBlock, [&](int64_t b, int64_t e) {
-    f(b * kBlock, std::min(e * kBlock, bytes));
-  });
+  at::parallel_for(0, blocks, kGrainBytes / kBlock,
+                   [&](int64_t b, int64_t e) { f(b * kBlock, std::min(e * kBlock, bytes)); });
 }
 
 // Note [Crossover calibration]
@@ -126,18 +125,15 @@ void for_each_chunk(size_t n, F&& f) {
 // (seconds_of), which preemption does not inflate.
 //
 // The crossover is then the threshold that loses least over all the sizes
-// measured (least_loss_crossover, utils/crossover_rule.h): memcpy below it, streaming from it on, each
-// size's loss being its chosen way's excess over the better way, as a
-// fraction of the better way's time. Streaming is charged 5% extra, so that
-// it is chosen only where it wins clearly (it leaves nothing cached for the
-// next reader, which these copies do not measure). An earlier rule (the
-// first of three consecutive sizes where streaming won by 5%) let one noisy
-// size restart the count: in one process of five the crossover came out at
-// 64 MiB instead of 4-8 MiB, and its 16 MiB copies ran 1.5x slower. A single
-// noisy size moves the least-loss threshold only when the two ways are close
-// there, where the choice costs little either way.
-// Per thread count: 0 not measured yet, -1 never, else the crossover in
-// bytes (zero-initialised: static storage).
+// measured (least_loss_crossover, utils/crossover_rule.h): memcpy below it, streaming from it on,
+// each size's loss being its chosen way's excess over the better way, as a fraction of the better
+// way's time. Streaming is charged 5% extra, so that it is chosen only where it wins clearly (it
+// leaves nothing cached for the next reader, which these copies do not measure). An earlier rule
+// (the first of three consecutive sizes where streaming won by 5%) let one noisy size restart the
+// count: in one process of five the crossover came out at 64 MiB instead of 4-8 MiB, and its 16 MiB
+// copies ran 1.5x slower. A single noisy size moves the least-loss threshold only when the two ways
+// are close there, where the choice costs little either way. Per thread count: 0 not measured yet,
+// -1 never, else the crossover in bytes (zero-initialised: static storage).
 constexpr int kMaxThreads = 512;
 std::atomic<int64_t> crossover_by_threads[kMaxThreads + 1];
 std::mutex calibration_mutex;
@@ -186,7 +182,7 @@ int64_t measure_crossover() {
   constexpr size_t kLast = kCalibratedUpTo;
   std::unique_ptr<uint8_t, FreeDeleter> src(static_cast<uint8_t*>(std::aligned_alloc(64, kLast)));
   std::unique_ptr<uint8_t, FreeDeleter> dst(static_cast<uint8_t*>(std::aligned_alloc(64, kLast)));
-  if (!src || !dst) return kNever;  // no memory to measure with: keep copy_'s behaviour
+  if (!src || !dst) return kNever;   // no memory to measure with: keep copy_'s behaviour
   std::memset(src.get(), 1, kLast);  // fault everything in, outside the timing
   std::memset(dst.get(), 0, kLast);
   std::vector<CopyTiming> timings;

@@ -41,9 +41,9 @@ TEST(DenseCopyKernels, ByteExactAtEveryLengthAndAlignment) {
       for (size_t n : lengths) {
         for (size_t dmis : {0, 1, 7, 31, 33}) {
           for (size_t smis : {0, 3, 32}) {
-            SCOPED_TRACE("parallel=" + std::to_string(parallel) + " stream=" +
-                         std::to_string(stream) + " n=" + std::to_string(n) +
-                         " dst+" + std::to_string(dmis) + " src+" + std::to_string(smis));
+            SCOPED_TRACE("parallel=" + std::to_string(parallel) +
+                         " stream=" + std::to_string(stream) + " n=" + std::to_string(n) + " dst+" +
+                         std::to_string(dmis) + " src+" + std::to_string(smis));
             const int64_t total = static_cast<int64_t>(n + 2 * guard + 64);
             at::Tensor src = pattern(total, 1);
             at::Tensor dst = pattern(total, 2);
@@ -79,8 +79,7 @@ TEST(DenseCopy, TakesTheBytePathOnlyWhereItIsCopyExactly) {
     bool byte_path;
   };
   const auto f32 = [](std::vector<int64_t> shape, int seed) {
-    return at::arange(at::IntArrayRef(shape).size() ? c10::multiply_integers(shape) : 1,
-                      at::kFloat)
+    return at::arange(at::IntArrayRef(shape).size() ? c10::multiply_integers(shape) : 1, at::kFloat)
         .add_(seed * 1000)
         .view(shape);
   };
@@ -88,32 +87,47 @@ TEST(DenseCopy, TakesTheBytePathOnlyWhereItIsCopyExactly) {
       {"contiguous 4 KiB", [&] { return std::make_pair(f32({1024}, 0), f32({1024}, 1)); }, true},
       {"contiguous 3 MiB (parallel split)",
        [&] { return std::make_pair(f32({3 << 18}, 0), f32({3 << 18}, 1)); }, true},
-      {"odd byte count",
-       [&] { return std::make_pair(pattern(1001, 1), pattern(1001, 2)); }, true},
+      {"odd byte count", [&] { return std::make_pair(pattern(1001, 1), pattern(1001, 2)); }, true},
       {"zero-dim", [&] { return std::make_pair(at::scalar_tensor(1.0), at::scalar_tensor(2.0)); },
        true},
-      {"empty", [&] { return std::make_pair(f32({0, 4}, 0), f32({0, 4}, 1)); }, true},
+      {"empty",
+       [&] {
+         return std::make_pair(f32({0, 4}, 0), f32({0, 4}, 1));
+       },
+       true},
       {"both transposed (dense, same strides)",
-       [&] { return std::make_pair(f32({8, 16}, 0).t(), f32({8, 16}, 1).t()); }, true},
+       [&] {
+         return std::make_pair(f32({8, 16}, 0).t(), f32({8, 16}, 1).t());
+       },
+       true},
       {"misaligned views at an odd offset",
        [&] {
          return std::make_pair(pattern(5000, 1).narrow(0, 3, 4096),
                                pattern(5000, 2).narrow(0, 1, 4096));
        },
        true},
-      {"dtype mismatch",
-       [&] { return std::make_pair(f32({64}, 0), f32({64}, 1).to(at::kDouble)); }, false},
+      {"dtype mismatch", [&] { return std::make_pair(f32({64}, 0), f32({64}, 1).to(at::kDouble)); },
+       false},
       {"shape mismatch (broadcast)",
-       [&] { return std::make_pair(f32({4, 16}, 0), f32({16}, 1)); }, false},
+       [&] {
+         return std::make_pair(f32({4, 16}, 0), f32({16}, 1));
+       },
+       false},
       {"strides differ (transposed source)",
-       [&] { return std::make_pair(f32({16, 16}, 0), f32({16, 16}, 1).t()); }, false},
+       [&] {
+         return std::make_pair(f32({16, 16}, 0), f32({16, 16}, 1).t());
+       },
+       false},
       {"non-dense destination (every other column)",
        [&] {
          return std::make_pair(f32({8, 32}, 0).slice(1, 0, 32, 2),
                                f32({8, 32}, 1).slice(1, 0, 32, 2));
        },
        false},
-      {"expanded source", [&] { return std::make_pair(f32({4, 4}, 0), f32({4}, 1).expand({4, 4})); },
+      {"expanded source",
+       [&] {
+         return std::make_pair(f32({4, 4}, 0), f32({4}, 1).expand({4, 4}));
+       },
        false},
       {"overlapping ranges in one storage",
        [&] {

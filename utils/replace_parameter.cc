@@ -102,10 +102,9 @@ at::Tensor refill_derived(Layer& obj, const std::string& name, const at::Tensor&
     // A held tensor with no elements is accepted whatever its storage: the
     // copy writes nothing, as in the reference.
     const auto span_bytes = extent(old) * static_cast<int64_t>(old.element_size());
-    TORCH_CHECK(old.numel() == 0 ||
-                    (old.storage_offset() == 0 &&
-                     span_bytes == static_cast<int64_t>(old.storage().nbytes()) &&
-                     extent(old) >= old.numel()),
+    TORCH_CHECK(old.numel() == 0 || (old.storage_offset() == 0 &&
+                                     span_bytes == static_cast<int64_t>(old.storage().nbytes()) &&
+                                     extent(old) >= old.numel()),
                 "refill_derived: the tensor held under '", name,
                 "' does not own its storage (it is a view at offset ", old.storage_offset(),
                 " spanning ", span_bytes, " of ", old.storage().nbytes(),

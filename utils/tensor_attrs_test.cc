@@ -108,8 +108,7 @@ TEST(TensorAttrs, ConcurrentUseOfOneTensorIsSafe) {
         // is one whole value some thread wrote.
         const std::optional<AttrValue> v = find_attr(shared, "shared");
         const auto* s = v ? std::get_if<std::string>(&*v) : nullptr;
-        if (v && (s == nullptr || s->size() != 64 || (*s)[0] < 'a' ||
-                  (*s)[0] >= 'a' + kThreads ||
+        if (v && (s == nullptr || s->size() != 64 || (*s)[0] < 'a' || (*s)[0] >= 'a' + kThreads ||
                   s->find_first_not_of((*s)[0]) != std::string::npos)) {
           ++bad[i];
         }
@@ -153,14 +152,19 @@ TEST(SetWeightAttrs, ExistingAttributesIncludeAParametersBackedLoader) {
     const char* key;       // attribute the call sets
     bool refused;
   } rows[] = {
-      {"parameter with _weight_loader: weight_loader", true, "_weight_loader", "weight_loader", true},
-      {"parameter with _weight_loader: _weight_loader", true, "_weight_loader", "_weight_loader", true},
+      {"parameter with _weight_loader: weight_loader", true, "_weight_loader", "weight_loader",
+       true},
+      {"parameter with _weight_loader: _weight_loader", true, "_weight_loader", "_weight_loader",
+       true},
       {"parameter with weight_loader: weight_loader", true, "weight_loader", "weight_loader", true},
-      {"parameter with weight_loader: _weight_loader", true, "weight_loader", "_weight_loader", false},
+      {"parameter with weight_loader: _weight_loader", true, "weight_loader", "_weight_loader",
+       false},
       {"parameter with _weight_loader: output_dim", true, "_weight_loader", "output_dim", false},
       {"parameter with output_dim: weight_loader", true, "output_dim", "weight_loader", false},
-      {"plain tensor with _weight_loader: weight_loader", false, "_weight_loader", "weight_loader", false},
-      {"plain tensor with weight_loader: weight_loader", false, "weight_loader", "weight_loader", true},
+      {"plain tensor with _weight_loader: weight_loader", false, "_weight_loader", "weight_loader",
+       false},
+      {"plain tensor with weight_loader: weight_loader", false, "weight_loader", "weight_loader",
+       true},
   };
   for (const Row& r : rows) {
     SCOPED_TRACE(r.name);

@@ -23,7 +23,8 @@ bool elements_close(const T* a, const T* b, int64_t n, T rtol, T atol) {
 std::optional<bool> all_close(const at::Tensor& a, const at::Tensor& b, double rtol, double atol) {
   if (!a.defined() || !b.defined()) return std::nullopt;
   const at::ScalarType dtype = a.scalar_type();
-  if (dtype != b.scalar_type() || (dtype != at::kFloat && dtype != at::kDouble)) return std::nullopt;
+  if (dtype != b.scalar_type() || (dtype != at::kFloat && dtype != at::kDouble))
+    return std::nullopt;
   if (!a.device().is_cpu() || !b.device().is_cpu() || a.layout() != at::kStrided ||
       b.layout() != at::kStrided || a.sizes() != b.sizes() || !a.is_contiguous() ||
       !b.is_contiguous() || a.is_neg() || b.is_neg() || !a.has_storage() || !b.has_storage()) {

@@ -65,7 +65,8 @@ Checkpoint checkpoint_pools(const Checkpoint& layouts) {
     } else {
       pool = at::randint(0, 100, {size}, gen, at::TensorOptions().dtype(layout.scalar_type()));
     }
-    pools.emplace(name, pool.as_strided(layout.sizes(), c10::contiguous_strides(layout.sizes()), 0));
+    pools.emplace(name,
+                  pool.as_strided(layout.sizes(), c10::contiguous_strides(layout.sizes()), 0));
   }
   return pools;
 }

@@ -66,7 +66,9 @@ const std::map<std::string, std::vector<std::string>>& expected_flags() {
 }
 
 // The controls whose stale read computes wrong values on the CPU.
-bool computes_wrong_values(const std::string& control) { return control == "neg_raw_pointer"; }
+bool computes_wrong_values(const std::string& control) {
+  return control == "neg_raw_pointer";
+}
 
 TEST(ReloadHarness, EveryNegativeControlIsFlaggedWithTheRightTensorAndOp) {
   int controls = 0;
@@ -84,7 +86,8 @@ TEST(ReloadHarness, EveryNegativeControlIsFlaggedWithTheRightTensorAndOp) {
         EXPECT_EQ(flagged.count(want), 1u) << "not flagged: " << want << "\n" << to_table({report});
       }
       if (!computes_wrong_values(backend->name())) {
-        EXPECT_EQ(flagged.count("forward"), 0u) << "values must still be right; only addresses move";
+        EXPECT_EQ(flagged.count("forward"), 0u)
+            << "values must still be right; only addresses move";
       }
     }
     EXPECT_TRUE(report.ok());
@@ -93,7 +96,8 @@ TEST(ReloadHarness, EveryNegativeControlIsFlaggedWithTheRightTensorAndOp) {
 }
 
 const Backend& backend_named(const std::string& name) {
-  static auto* all = new std::vector<std::unique_ptr<Backend>>(BackendRegistry::instance().create_all());
+  static auto* all =
+      new std::vector<std::unique_ptr<Backend>>(BackendRegistry::instance().create_all());
   for (const auto& b : *all) {
     if (b->name() == name) return *b;
   }

@@ -79,9 +79,8 @@ class BackendTest : public testing::Test {
     RecordProperty("verdict", report.ok() ? "ok" : "FAIL");
     if (report.negative_control) {
       RecordProperty("expected_violation", report.expected_violation);
-      EXPECT_TRUE(report.ok()) << "negative control " << report.name
-                               << " was not flagged with '" << report.expected_violation
-                               << "':\n"
+      EXPECT_TRUE(report.ok()) << "negative control " << report.name << " was not flagged with '"
+                               << report.expected_violation << "':\n"
                                << to_table({report});
     } else {
       EXPECT_TRUE(report.ok()) << report.name << " did not keep its addresses:\n"

@@ -44,8 +44,8 @@ class ViolationSink {
       report_.violations.push_back(std::move(v));
     }
   }
-  void add(int reload, std::string tensor, std::string what, std::string before,
-           std::string after, std::string read = "") {
+  void add(int reload, std::string tensor, std::string what, std::string before, std::string after,
+           std::string read = "") {
     add(Violation{reload, std::move(tensor), std::move(what), std::move(before), std::move(after),
                   std::move(read)});
   }
@@ -107,7 +107,8 @@ struct Capture {
 Capture capture(ReloadSubject& subject, const at::Tensor& x) {
   Capture c;
   c.names = std::make_unique<TensorNames>(subject.named_tensors());
-  for (const trace::NamedObject& o : subject.named_objects()) c.names->add_object(o.name, o.identity);
+  for (const trace::NamedObject& o : subject.named_objects())
+    c.names->add_object(o.name, o.identity);
   c.names->add("input", x, /*declared=*/true);
   c.forward = std::make_unique<CapturedForward>([&] { return subject.forward(x); });
   return c;
@@ -164,8 +165,12 @@ class ModeRun {
  public:
   ModeRun(ReloadSubject& subject, const SubjectInfo& info, ReloadMode mode,
           const RunOptions& options, ColdLoadOutputs& cold_loads)
-      : subject_(subject), options_(options), cold_loads_(cold_loads), mode_(mode),
-        sink_(report_, options.max_listed), memory_tolerance_(info.memory_tolerance_bytes) {
+      : subject_(subject),
+        options_(options),
+        cold_loads_(cold_loads),
+        mode_(mode),
+        sink_(report_, options.max_listed),
+        memory_tolerance_(info.memory_tolerance_bytes) {
     report_.mode = mode;
     report_.expected_to_pass =
         std::find(info.modes.begin(), info.modes.end(), mode) != info.modes.end();

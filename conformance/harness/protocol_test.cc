@@ -114,7 +114,8 @@ TEST(Protocol, AViolationCarriesTheNumberOfTheReloadAfterWhichItWasSeen) {
     // Rebuilt after reload 3 and kept from then on: reloads 3 and 4 see it.
     EXPECT_GE(v.reload, 3) << v.tensor << " " << v.what;
     traced = traced || (v.reload == 3 && v.read.rfind("aten::", 0) == 0 && v.what == "address");
-    declared = declared || (v.reload == 3 && v.tensor == "w" && v.read.empty() && v.what == "address");
+    declared =
+        declared || (v.reload == 3 && v.tensor == "w" && v.read.empty() && v.what == "address");
   }
   EXPECT_TRUE(traced) << "the retrace's violation is numbered: " << to_table({report});
   EXPECT_TRUE(declared) << to_table({report});

@@ -23,9 +23,9 @@ std::vector<std::string> parse(std::vector<std::string> args, RunOptions& option
 
 TEST(RunFlags, SetsEachOptionAndLeavesOtherArguments) {
   RunOptions options;
-  const auto rest = parse({"--reloads", "7", "--json", "--device", "cpu", "--seed", "0",
-                           "--no-trace", "--backend"},
-                          options);
+  const auto rest = parse(
+      {"--reloads", "7", "--json", "--device", "cpu", "--seed", "0", "--no-trace", "--backend"},
+      options);
   EXPECT_EQ(options.reloads, 7);
   EXPECT_TRUE(options.device.is_cpu());
   EXPECT_EQ(options.seed, 0u);

@@ -3,8 +3,8 @@
 // run (5 reloads, both modes) with and without the trace.
 //
 //   bazel run -c opt //conformance/harness:trace_bench -- --benchmark_repetitions=5
-#include "conformance/trace/capture.h"
 #include "conformance/harness/harness.h"
+#include "conformance/trace/capture.h"
 
 #include <benchmark/benchmark.h>
 
@@ -17,24 +17,25 @@ namespace {
 enum class How { kUntraced, kTraced, kCaptured };
 
 void register_forward(const std::shared_ptr<Backend>& backend, How how, const char* label) {
-  benchmark::RegisterBenchmark(("BM_Forward/" + backend->name() + "/" + label).c_str(),
-                               [backend, how](benchmark::State& state) {
-                                 BackendSubject subject(*backend, c10::kCPU);
-                                 subject.cold_load(subject.draw_checkpoint(1));
-                                 const at::Tensor x = subject.draw_input(2);
-                                 for (auto _ : state) {
-                                   if (how == How::kUntraced) {
-                                     benchmark::DoNotOptimize(subject.forward(x));
-                                   } else if (how == How::kTraced) {
-                                     trace::ReadTrace trace;
-                                     benchmark::DoNotOptimize(subject.forward(x));
-                                     trace.stop();
-                                   } else {
-                                     trace::CapturedForward capture([&] { return subject.forward(x); });
-                                     benchmark::DoNotOptimize(capture.output());
-                                   }
-                                 }
-                               });
+  benchmark::RegisterBenchmark(
+      ("BM_Forward/" + backend->name() + "/" + label).c_str(),
+      [backend, how](benchmark::State& state) {
+        BackendSubject subject(*backend, c10::kCPU);
+        subject.cold_load(subject.draw_checkpoint(1));
+        const at::Tensor x = subject.draw_input(2);
+        for (auto _ : state) {
+          if (how == How::kUntraced) {
+            benchmark::DoNotOptimize(subject.forward(x));
+          } else if (how == How::kTraced) {
+            trace::ReadTrace trace;
+            benchmark::DoNotOptimize(subject.forward(x));
+            trace.stop();
+          } else {
+            trace::CapturedForward capture([&] { return subject.forward(x); });
+            benchmark::DoNotOptimize(capture.output());
+          }
+        }
+      });
 }
 
 void register_harness(const std::shared_ptr<Backend>& backend, bool trace) {

@@ -1,9 +1,9 @@
 // copy_weight: `copy_weight_(dst, src)`, with the integrated-GPU question
 // forced either way (golden/FORMAT.md).
+#include "utils/copy_weight.h"
 #include "conformance/case_report.h"
 #include "conformance/case_tensors.h"
 #include "conformance/ops/operation.h"
-#include "utils/copy_weight.h"
 
 namespace reloadsafe::conformance {
 

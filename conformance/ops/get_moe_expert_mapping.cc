@@ -21,8 +21,8 @@ Layer* module_at(Layer* root, const std::string& path, const std::string& what) 
   int64_t depth = 0;
   size_t start = 0;
   while (true) {
-    TORCH_CHECK(++depth <= kMaxModulePathDepth, what, ".path is deeper than ",
-                kMaxModulePathDepth, " modules");
+    TORCH_CHECK(++depth <= kMaxModulePathDepth, what, ".path is deeper than ", kMaxModulePathDepth,
+                " modules");
     const size_t dot = path.find('.', start);
     const std::string part = path.substr(start, dot == std::string::npos ? dot : dot - start);
     TORCH_CHECK(!part.empty(), what, ".path '", path, "' has an empty module name");

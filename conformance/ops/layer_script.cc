@@ -109,36 +109,43 @@ struct Action {
 // and running both go through this table, so they cannot disagree.
 const std::vector<Action>& actions() {
   static const auto* table = new std::vector<Action>{
-      {"set", {Field::kName, Field::kTensor},
+      {"set",
+       {Field::kName, Field::kTensor},
        [](Script& s, const Step& step) -> OJson {
          s.layer.set(step.name, step.tensor);
          return nullptr;
        }},
-      {"move_parameter", {Field::kSrc, Field::kDst},
+      {"move_parameter",
+       {Field::kSrc, Field::kDst},
        [](Script& s, const Step& step) -> OJson {
          move_parameter(s.layer, step.src, step.dst);
          return nullptr;
        }},
-      {"retire_parameter", {Field::kName},
+      {"retire_parameter",
+       {Field::kName},
        [](Script& s, const Step& step) -> OJson {
          retire_parameter(s.layer, step.name);
          return nullptr;
        }},
-      {"replace_parameter", {Field::kName, Field::kTensor},
+      {"replace_parameter",
+       {Field::kName, Field::kTensor},
        [](Script& s, const Step& step) -> OJson {
          replace_parameter(s.layer, step.name, step.tensor);
          return nullptr;
        }},
-      {"set_kernel_parameter", {Field::kName, Field::kTensor},
+      {"set_kernel_parameter",
+       {Field::kName, Field::kTensor},
        [](Script& s, const Step& step) -> OJson {
          set_kernel_parameter(s.layer, step.name, step.tensor);
          return nullptr;
        }},
-      {"get_live_param", {Field::kName},
+      {"get_live_param",
+       {Field::kName},
        [](Script& s, const Step& step) -> OJson {
          return s.registry.object(get_live_param(s.layer, step.name));
        }},
-      {"kernel_parameters", {},
+      {"kernel_parameters",
+       {},
        [](Script& s, const Step&) -> OJson {
          OJson result = OJson::array();
          for (const auto& [name, param] : kernel_parameters(s.layer)) {
@@ -146,20 +153,22 @@ const std::vector<Action>& actions() {
          }
          return result;
        }},
-      {"refill_derived", {Field::kName, Field::kTensor},
+      {"refill_derived",
+       {Field::kName, Field::kTensor},
        [](Script& s, const Step& step) -> OJson {
          return s.registry.object(refill_derived(s.layer, step.name, step.tensor));
        }},
-      {"set_weight_attrs", {Field::kName, Field::kAttrs},
+      {"set_weight_attrs",
+       {Field::kName, Field::kAttrs},
        [](Script& s, const Step& step) -> OJson {
          // `set_weight_attrs(getattr(layer, name), attrs)`: what the name
          // holds, None included (then only None or {} succeed).
-         TORCH_CHECK(s.layer.has(step.name), "set_weight_attrs: '", step.name,
-                     "' holds no tensor");
+         TORCH_CHECK(s.layer.has(step.name), "set_weight_attrs: '", step.name, "' holds no tensor");
          set_weight_attrs(s.layer.get(step.name), step.attrs);
          return nullptr;
        }},
-      {"load", {Field::kName, Field::kTensorRequired},
+      {"load",
+       {Field::kName, Field::kTensorRequired},
        [](Script& s, const Step& step) -> OJson {
          at::Tensor held = s.layer.get(step.name);
          TORCH_CHECK(held.defined(), "load: '", step.name, "' holds no tensor");
@@ -176,8 +185,8 @@ Step read_step(const Json& j, const std::string& what,
   Step s;
   const std::string action = as_string(required(j, "do", what), what + ".do");
   const auto& table = actions();
-  auto it = std::find_if(table.begin(), table.end(),
-                         [&](const Action& a) { return action == a.name; });
+  auto it =
+      std::find_if(table.begin(), table.end(), [&](const Action& a) { return action == a.name; });
   TORCH_CHECK(it != table.end(), what, ": unknown action '", action, "'");
   s.action = &*it;
   for (const auto& item : j.items()) {
@@ -255,8 +264,7 @@ void run_layer_script(const Json& c, OJson& out) {
     at::Tensor data;
     if (const auto* view = std::get_if<ViewTensor>(&spec.object.tensor)) {
       auto base = declared.find(view->on);
-      TORCH_CHECK(base != declared.end(), what, ".on: no earlier tensor is named '", view->on,
-                  "'");
+      TORCH_CHECK(base != declared.end(), what, ".on: no earlier tensor is named '", view->on, "'");
       data = CaseTensors::view_on(*view, base->second.storage(), what);
     } else {
       data = tensors.own(spec.object.tensor, static_cast<int64_t>(k), what);

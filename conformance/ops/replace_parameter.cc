@@ -1,11 +1,11 @@
 // replace_parameter: `replace_parameter(layer, "weight", new)` on a layer
 // holding `old` (case-format.md).
+#include "utils/replace_parameter.h"
 #include "conformance/case_report.h"
 #include "conformance/case_tensors.h"
 #include "conformance/ops/operation.h"
 #include "utils/layer.h"
 #include "utils/reload_context.h"
-#include "utils/replace_parameter.h"
 
 #include <optional>
 

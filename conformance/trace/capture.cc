@@ -30,9 +30,9 @@ void compare_objects(const OpCall& a, const OpCall& b, const TensorNames& names,
     if (oa.identity == ob.identity && oa.payload == ob.payload) continue;
     // A kernel object re-made (or its C++ instance swapped in place): what
     // it packed at capture is gone, whatever its tensors say.
-    out.push_back(ReadChange{names.label(oa),
-                             oa.identity == ob.identity ? "object re-made in place" : "object replaced",
-                             oa.describe(), ob.describe(), oa.where(a.name)});
+    out.push_back(ReadChange{
+        names.label(oa), oa.identity == ob.identity ? "object re-made in place" : "object replaced",
+        oa.describe(), ob.describe(), oa.where(a.name)});
   }
 }
 
@@ -42,7 +42,7 @@ void compare_reads(const OpCall& a, const OpCall& b, const TensorNames& names,
   for (size_t j = 0; j < a.reads.size(); ++j) {
     const TensorRead& ra = a.reads[j];
     const TensorRead& rb = b.reads[j];
-    if (!ra.external) continue;  // made by the forward: the graph's own memory
+    if (!ra.external) continue;                      // made by the forward: the graph's own memory
     if (rb.external && ra.same_place(rb)) continue;  // the common case: no strings built
     const std::string label = names.label(ra);
     const std::string where = ra.where(a.name);
@@ -53,7 +53,8 @@ void compare_reads(const OpCall& a, const OpCall& b, const TensorNames& names,
       continue;
     }
     for (LocationChange& c : ra.diff(rb)) {
-      out.push_back(ReadChange{label, std::move(c.what), std::move(c.before), std::move(c.after), where});
+      out.push_back(
+          ReadChange{label, std::move(c.what), std::move(c.before), std::move(c.after), where});
     }
   }
 }
@@ -118,8 +119,8 @@ std::string TensorNames::label(const TensorRead& read) const {
 }
 
 CapturedForward::CapturedForward(const std::function<at::Tensor()>& forward) {
-  trace_ = std::make_unique<ReadTrace>(
-      ReadTrace::Options{/*nested=*/true, /*hold_arguments=*/true});
+  trace_ =
+      std::make_unique<ReadTrace>(ReadTrace::Options{/*nested=*/true, /*hold_arguments=*/true});
   try {
     output_ = forward();
   } catch (...) {
@@ -136,8 +137,8 @@ std::vector<CapturedRead> CapturedForward::reads(const TensorNames& names) const
     for (const TensorRead& r : op.reads) {
       if (!r.external) continue;
       auto found = names.find(r);
-      CapturedRead c{r.where(op.name), op.depth, names.label(r), found && found->declared,
-                     r.layout(), r.storage};
+      CapturedRead c{r.where(op.name),         op.depth,   names.label(r),
+                     found && found->declared, r.layout(), r.storage};
       if (r.subclass) {
         c.kind = CapturedRead::Kind::kSubclass;
       } else if (!r.has_storage) {
@@ -146,8 +147,8 @@ std::vector<CapturedRead> CapturedForward::reads(const TensorNames& names) const
       out.push_back(std::move(c));
     }
     for (const ObjectRead& o : op.objects) {
-      CapturedRead c{o.where(op.name), op.depth, names.label(o), names.named(o),
-                     o.class_name, o.identity};
+      CapturedRead c{o.where(op.name), op.depth,     names.label(o),
+                     names.named(o),   o.class_name, o.identity};
       c.kind = CapturedRead::Kind::kObject;
       out.push_back(std::move(c));
     }
@@ -177,9 +178,9 @@ std::vector<ReadChange> CapturedForward::compare(const ReadTrace& retrace,
   }
   if (before.size() != after.size()) {
     const std::string extra = before.size() < after.size() ? after[common].name : "(none)";
-    out.push_back(ReadChange{"op sequence", "length changed", std::to_string(before.size()) + " ops",
-                             std::to_string(after.size()) + " ops (first new: " + extra + ")",
-                             ""});
+    out.push_back(ReadChange{"op sequence", "length changed",
+                             std::to_string(before.size()) + " ops",
+                             std::to_string(after.size()) + " ops (first new: " + extra + ")", ""});
   }
   return out;
 }

@@ -63,7 +63,7 @@ struct CapturedRead {
   int depth = 0;     ///< 0: an op the forward called; n: nested inside one
   std::string name;  ///< the tensor's name, "input" or "undeclared tensor"
   bool declared = false;
-  std::string layout;  ///< for an object: its class
+  std::string layout;             ///< for an object: its class
   const void* storage = nullptr;  ///< identity, for counting distinct tensors
   enum class Kind {
     kTensor,     ///< a tensor with a storage: checked for address and layout

@@ -32,9 +32,8 @@ struct Packed : torch::CustomClassHolder {
 };
 
 TORCH_LIBRARY(reloadsafe_capture_test, m) {
-  m.class_<Packed>("Packed").def("unpack", [](const c10::intrusive_ptr<Packed>& self) {
-    return self->weight;
-  });
+  m.class_<Packed>("Packed").def(
+      "unpack", [](const c10::intrusive_ptr<Packed>& self) { return self->weight; });
   m.def("packed_mm(Tensor x, __torch__.torch.classes.reloadsafe_capture_test.Packed w) -> Tensor",
         [](const at::Tensor& x, const c10::intrusive_ptr<Packed>& w) {
           return at::mm(x, w->weight.t());

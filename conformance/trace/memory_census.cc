@@ -259,8 +259,7 @@ Quarantine::Quarantine(size_t max_bytes) {
 }
 
 Quarantine::~Quarantine() {
-  for (const FreedBlock& b : CountingCpuAllocator::instance().close_quarantine())
-    b.deleter(b.data);
+  for (const FreedBlock& b : CountingCpuAllocator::instance().close_quarantine()) b.deleter(b.data);
 }
 
 size_t Quarantine::held_bytes() const {
@@ -282,6 +281,8 @@ Quarantine::Capturing::Capturing(Quarantine& /*quarantine*/) {
   CountingCpuAllocator::instance().capture(+1);
 }
 
-Quarantine::Capturing::~Capturing() { CountingCpuAllocator::instance().capture(-1); }
+Quarantine::Capturing::~Capturing() {
+  CountingCpuAllocator::instance().capture(-1);
+}
 
 }  // namespace reloadsafe::trace

@@ -124,7 +124,8 @@ TEST(Quarantine, HoldsPoisonedBlocksFreedWhileCapturing) {
   std::vector<at::Tensor> fresh;
   for (int i = 0; i < 16; ++i) {
     fresh.push_back(at::empty({256}, at::kFloat));
-    EXPECT_NE(fresh.back().data_ptr(), static_cast<const void*>(stale)) << "a held block is not reused";
+    EXPECT_NE(fresh.back().data_ptr(), static_cast<const void*>(stale))
+        << "a held block is not reused";
   }
   std::optional<at::Tensor> outside = at::ones({16});
   outside.reset();  // not capturing: freed at once

@@ -171,7 +171,8 @@ TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericMode, m) {
 }
 
 void register_object_tensors(const std::string& class_name, ObjectTensors fn) {
-  TORCH_CHECK(!class_name.empty() && fn, "register_object_tensors: give a class name and a function");
+  TORCH_CHECK(!class_name.empty() && fn,
+              "register_object_tensors: give a class name and a function");
   ObjectTensorRegistry& registry = object_tensor_registry();
   std::lock_guard<std::mutex> lock(registry.mutex);
   registry.by_class[class_name] = std::move(fn);
@@ -184,7 +185,9 @@ std::string ObjectRead::where(const std::string& op_name) const {
   return os.str();
 }
 
-std::string ObjectRead::describe() const { return class_name + "@" + to_hex(identity); }
+std::string ObjectRead::describe() const {
+  return class_name + "@" + to_hex(identity);
+}
 
 std::string TensorRead::where(const std::string& op_name) const {
   std::ostringstream os;
@@ -309,8 +312,8 @@ void ReadTrace::note_result(const at::Tensor& t) {
   // to make, not even the weak reference.
   if (seen_.find(impl) != seen_.end()) return;
   // First seen as a result: made inside the scope.
-  seen_.emplace(impl, Seen{false, c10::weak_intrusive_ptr<c10::StorageImpl>(
-                                      storage.getWeakStorageImpl())});
+  seen_.emplace(
+      impl, Seen{false, c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl())});
 }
 
 void ReadTrace::add_object(OpCall& call, const c10::IValue& v, int arg,
@@ -470,10 +473,11 @@ class ObserveInsidePython {
  public:
   explicit ObserveInsidePython(bool on) : on_(on) {
     if (!on_ || users_++ > 0) return;
-    handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(&observe_op_start, &observe_op_end)
-                                             .needsInputs(true)
-                                             .needsOutputs(true)
-                                             .scopes({at::RecordScope::FUNCTION}));
+    handle_ =
+        at::addThreadLocalCallback(at::RecordFunctionCallback(&observe_op_start, &observe_op_end)
+                                       .needsInputs(true)
+                                       .needsOutputs(true)
+                                       .scopes({at::RecordScope::FUNCTION}));
   }
   ~ObserveInsidePython() {
     if (on_ && --users_ == 0) at::removeCallback(handle_);

@@ -50,14 +50,16 @@ std::string TensorLocation::layout() const {
 std::vector<LocationChange> TensorLocation::diff(const TensorLocation& after) const {
   std::vector<LocationChange> changes;
   if (same_place(after)) return changes;  // the common case: no strings built
-  if (data_ptr != after.data_ptr) changes.push_back({"address", to_hex(data_ptr), to_hex(after.data_ptr)});
+  if (data_ptr != after.data_ptr)
+    changes.push_back({"address", to_hex(data_ptr), to_hex(after.data_ptr)});
   if (storage != after.storage) {
     changes.push_back({"storage", to_hex(storage), to_hex(after.storage)});
   } else if (storage_data != after.storage_data || storage_nbytes != after.storage_nbytes) {
     // The same storage object, reallocated or resized under the tensor.
-    changes.push_back({"storage resized or moved",
-                       to_hex(storage_data) + " " + std::to_string(storage_nbytes) + " B",
-                       to_hex(after.storage_data) + " " + std::to_string(after.storage_nbytes) + " B"});
+    changes.push_back(
+        {"storage resized or moved",
+         to_hex(storage_data) + " " + std::to_string(storage_nbytes) + " B",
+         to_hex(after.storage_data) + " " + std::to_string(after.storage_nbytes) + " B"});
   }
   if (!same_layout(after)) changes.push_back({"layout", layout(), after.layout()});
   return changes;

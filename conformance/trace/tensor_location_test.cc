@@ -54,13 +54,21 @@ TEST(TensorLocation, DiffGivesTheSameVerdictsEverywhere) {
        [](at::Tensor& t) { return t.view(t.sizes()); },
        {}},
       {"new bytes in place", [](at::Tensor& t) { return t.fill_(3); }, {}},
-      {"a fresh tensor of the same layout", [](at::Tensor& t) { return t.clone(); },
+      {"a fresh tensor of the same layout",
+       [](at::Tensor& t) { return t.clone(); },
        {"address", "storage"}},
-      {"a view at another offset", [](at::Tensor& t) { return t.as_strided({4, 8}, {8, 1}, 4); },
+      {"a view at another offset",
+       [](at::Tensor& t) {
+         return t.as_strided({4, 8}, {8, 1}, 4);
+       },
        {"address", "layout"}},
-      {"transposed in place of the bytes", [](at::Tensor& t) { return t.view({8, 4}).t(); },
+      {"transposed in place of the bytes",
+       [](at::Tensor& t) {
+         return t.view({8, 4}).t();
+       },
        {"layout"}},
-      {"reinterpreted as another dtype", [](at::Tensor& t) { return t.view(at::kInt); },
+      {"reinterpreted as another dtype",
+       [](at::Tensor& t) { return t.view(at::kInt); },
        {"layout"}},
       {"its storage reallocated under it",
        [](at::Tensor& t) {

@@ -125,14 +125,12 @@ void bind_protocol(py::module_& m) {
 
   py::class_<NamedObject>(m, "NamedObject")
       .def(py::init([](std::string name, const py::object& obj) {
-             return NamedObject{std::move(name),
-                                reinterpret_cast<const void*>(identity_of(obj))};
+             return NamedObject{std::move(name), reinterpret_cast<const void*>(identity_of(obj))};
            }),
            py::arg("name"), py::arg("obj"))
       .def_readonly("name", &NamedObject::name)
-      .def_property_readonly("identity", [](const NamedObject& o) {
-        return reinterpret_cast<uintptr_t>(o.identity);
-      });
+      .def_property_readonly(
+          "identity", [](const NamedObject& o) { return reinterpret_cast<uintptr_t>(o.identity); });
   m.def("object_identity", &identity_of, py::arg("obj"),
         "The identity the read trace gives a TorchBind object (ObjectRead.identity).");
 
@@ -158,7 +156,8 @@ void bind_protocol(py::module_& m) {
       .def_readonly("message", &Warning::message);
 
   py::class_<ModeReport>(m, "ModeReport")
-      .def_property_readonly("mode", [](const ModeReport& r) { return std::string(harness::to_string(r.mode)); })
+      .def_property_readonly(
+          "mode", [](const ModeReport& r) { return std::string(harness::to_string(r.mode)); })
       .def_readonly("expected_to_pass", &ModeReport::expected_to_pass)
       .def_readonly("reloads_done", &ModeReport::reloads_done)
       .def_readonly("violation_count", &ModeReport::violation_count)
@@ -183,9 +182,9 @@ void bind_protocol(py::module_& m) {
       .def(py::init([](std::string name, std::string description, std::vector<ReloadMode> modes,
                        bool negative_control, std::string expected_violation,
                        int64_t memory_tolerance_bytes) {
-             return SubjectInfo{std::move(name),       std::move(description),
-                                std::move(modes),      negative_control,
-                                std::move(expected_violation), memory_tolerance_bytes};
+             return SubjectInfo{
+                 std::move(name),  std::move(description),        std::move(modes),
+                 negative_control, std::move(expected_violation), memory_tolerance_bytes};
            }),
            py::arg("name"), py::arg("description") = "",
            py::arg("modes") = std::vector<ReloadMode>{ReloadMode::kNormal, ReloadMode::kDirect},

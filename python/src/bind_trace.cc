@@ -19,7 +19,9 @@ using trace::OpCall;
 using trace::ReadTrace;
 using trace::TensorRead;
 
-uintptr_t address(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+uintptr_t address(const void* p) {
+  return reinterpret_cast<uintptr_t>(p);
+}
 
 // Owns one ReadTrace for the lifetime of a Python `with` block.
 class PyReadTrace {

@@ -23,8 +23,8 @@ class FusedQkv : public Backend {
   std::shared_ptr<Layer> create_layer(const c10::Device& device) const override {
     auto layer = std::make_shared<Layer>();
     for (const char* name : {"q_proj", "k_proj", "v_proj"}) {
-      layer->register_param(name,
-                            reloadsafe::harness::make_checkpoint_param({16, 32}, at::kFloat, device));
+      layer->register_param(
+          name, reloadsafe::harness::make_checkpoint_param({16, 32}, at::kFloat, device));
     }
     return layer;
   }
