@@ -79,7 +79,6 @@ import json
 import math
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -87,98 +86,13 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOP = os.path.dirname(HERE)
 DEFAULT_BASELINES = os.path.join(HERE, "baselines")
-TIME_SUFFIXES = ("real_time", "manual_time", "process_time")
-UNIT_NS = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}
+if HERE not in sys.path:  # run as a script it is there; imported from elsewhere, maybe not
+    sys.path.insert(0, HERE)
 
-
-# --- results -----------------------------------------------------------------
-
-class Stats:
-    """One benchmark's repetitions: time per iteration (ns) and throughput."""
-
-    def __init__(self, name, times_ns, bytes_per_second, label="", error=""):
-        self.name = name
-        self.times = sorted(times_ns)
-        self.bps = sorted(bytes_per_second)
-        self.label = label
-        self.error = error
-
-    @property
-    def median(self):
-        return statistics.median(self.times) if self.times else math.nan
-
-    @property
-    def min(self):
-        return self.times[0] if self.times else math.nan
-
-    @property
-    def max(self):
-        return self.times[-1] if self.times else math.nan
-
-    @property
-    def median_bps(self):
-        return statistics.median(self.bps) if self.bps else 0.0
-
-
-def time_of(b, name):
-    """The time a benchmark is judged by: its process CPU time when it was
-    measured so (MeasureProcessCPUTime(): the name ends in /process_time; a
-    one-thread benchmark that preemption by other processes must not
-    inflate), else its real (or manual) time."""
-    if name.endswith("/process_time") and "cpu_time" in b:
-        return b["cpu_time"]
-    return b["real_time"]
-
-
-def load_results(path):
-    """The JSON a benchmark binary wrote: (context, {name: Stats}).
-
-    Only the individual repetitions are used (run_type "iteration"); the
-    aggregates Google Benchmark adds are recomputed here, with min and max.
-    """
-    with open(path) as f:
-        data = json.load(f)
-    runs = {}
-    for b in data.get("benchmarks", []):
-        if b.get("run_type", "iteration") != "iteration":
-            continue
-        name = b.get("run_name", b["name"])
-        entry = runs.setdefault(name, {"t": [], "bps": [], "label": "", "error": ""})
-        if b.get("error_occurred"):
-            entry["error"] = b.get("error_message", "error")
-            continue
-        entry["t"].append(time_of(b, name) * UNIT_NS[b.get("time_unit", "ns")])
-        if "bytes_per_second" in b:
-            entry["bps"].append(b["bytes_per_second"])
-        entry["label"] = b.get("label", "")
-    stats = {n: Stats(n, e["t"], e["bps"], e["label"], e["error"]) for n, e in runs.items()}
-    return data.get("context", {}), stats
-
-
-def parse_name(name):
-    """(group, series, bytes) of a name in the scheme of bench/targets.h:
-    <family>/<group>.../<series>/bytes:<N>[/real_time|/manual_time]."""
-    parts = [p for p in name.split("/") if p not in TIME_SUFFIXES]
-    size = None
-    if parts and parts[-1].startswith("bytes:"):
-        size = int(parts.pop()[len("bytes:"):])
-    series = parts.pop() if len(parts) > 1 else (parts[0] if parts else name)
-    return "/".join(parts), series, size
-
-
-def matches_filter(pattern, name):
-    """Whether --benchmark_filter=pattern selects name (a regex searched in
-    the name; a leading '-' negates it)."""
-    if pattern.startswith("-"):
-        return not re.search(pattern[1:], name)
-    return re.search(pattern, name) is not None
-
-
-def sort_key(name):
-    """Orders names by group, series, then size (numerically)."""
-    group, series, size = parse_name(name)
-    return (group, series, size or 0, name)
-
+# (Stats is imported for compare_test, which uses compare.Stats.)
+from benchcmp.names import family_of, matches_filter, parse_name, sort_key  # noqa: E402
+from benchcmp.results import Stats, binary_name_of, load_results, merge_runs  # noqa: E402, F401
+from benchcmp.targets import merge_targets, report_targets, summarize_targets  # noqa: E402
 
 # --- the comparison rule -----------------------------------------------------
 
@@ -655,49 +569,6 @@ def interleaved_order(rounds):
     return order
 
 
-def merge_runs(paths, out_path):
-    """Writes the runs at `paths` (one repetition each, or more) as one
-    Google Benchmark JSON with all their repetitions, the first run's context;
-    returns out_path."""
-    merged = None
-    for path in paths:
-        with open(path) as f:
-            data = json.load(f)
-        if merged is None:
-            merged = {"context": data.get("context", {}), "benchmarks": []}
-        merged["benchmarks"] += [b for b in data.get("benchmarks", [])
-                                 if b.get("run_type", "iteration") == "iteration"]
-    with open(out_path, "w") as f:
-        json.dump(merged or {"context": {}, "benchmarks": []}, f, indent=1)
-    return out_path
-
-
-def merge_targets(paths, out_path):
-    """The targets of several runs of one binary: per (description, bytes),
-    the median of the runs' values, judged against the bound again."""
-    rows = {}
-    for path in paths:
-        if not os.path.exists(path):
-            continue
-        with open(path) as f:
-            t = json.load(f)
-        for x in t["targets"]:
-            rows.setdefault((x["description"], x["bytes"]), []).append(x)
-    targets = []
-    for (_, _), xs in sorted(rows.items()):
-        value = statistics.median(x["value"] for x in xs)
-        x = dict(xs[0])
-        x["value"] = value
-        x["met"] = value <= x["bound"] if x["comparison"] == "<=" else value >= x["bound"]
-        x["runs"] = len(xs)
-        targets.append(x)
-    with open(out_path, "w") as f:
-        json.dump({"basis": f"median over {len(paths)} runs (one process each) of the "
-                            f"per-run ratios",
-                   "targets": targets}, f, indent=1)
-    return out_path
-
-
 def write_baseline(results_path, base_file, merge):
     """Writes results_path as the baseline. With `merge` (a filtered run),
     replaces only the baseline's entries for the benchmarks it ran. The
@@ -719,14 +590,6 @@ def write_baseline(results_path, base_file, merge):
         f.write("\n")
 
 
-def binary_name_of(context, results_path):
-    exe = context.get("executable")
-    if exe:
-        return os.path.basename(exe)
-    name = os.path.splitext(os.path.basename(results_path))[0]
-    return name[:-len(".head")] if name.endswith(".head") else name
-
-
 def check_context(base_ctx, cur_ctx):
     """Warnings about results that should not be compared."""
     warnings = []
@@ -738,40 +601,6 @@ def check_context(base_ctx, cur_ctx):
         if b is not None and c is not None and str(b).split(" (")[0] != str(c).split(" (")[0]:
             warnings.append(f"{key} differs from the baseline's: {c!r} vs {b!r}")
     return warnings
-
-
-def family_of(name):
-    """The benchmark family of a name for the report: its group
-    (e.g. BM_FileCopy/cpu/warm, BM_Replace/all_cores)."""
-    group = parse_name(name)[0]
-    return group or name
-
-
-def target_family(description):
-    """Targets of one family share their description (one row per size)."""
-    return description
-
-
-def target_unit(target):
-    """"ns" (a time) or "ratio"; results written before targets said which
-    were times exactly when they were upper bounds."""
-    return target.get("unit") or ("ns" if target["comparison"] == "<=" else "ratio")
-
-
-def summarize_targets(targets):
-    """Per target description: met (all sizes), the worst value and its size."""
-    fams = {}
-    for x in targets:
-        f = fams.setdefault(target_family(x["description"]),
-                            {"met": True, "worst": None, "bytes": None, "bound": x["bound"],
-                             "comparison": x["comparison"], "unit": target_unit(x), "rows": 0})
-        f["rows"] += 1
-        f["met"] = f["met"] and x["met"]
-        worse = (f["worst"] is None or
-                 (x["value"] > f["worst"] if x["comparison"] == "<=" else x["value"] < f["worst"]))
-        if worse:
-            f["worst"], f["bytes"] = x["value"], x["bytes"]
-    return fams
 
 
 def parse_informational(context):
@@ -843,18 +672,7 @@ def process(results_path, args, plt, base_results=None):
     rows = gating_verdicts(compare(base, cur, args.threshold, references), same, informational)
     print_table(rows, args.threshold, gating=same)
 
-    targets_file = os.path.splitext(results_path)[0] + ".targets.json"
-    targets = []
-    if os.path.exists(targets_file):
-        with open(targets_file) as f:
-            t = json.load(f)
-        targets = t["targets"]
-        met = sum(1 for x in targets if x["met"])
-        print(f"targets ({t['basis']}): {met} of {len(targets)} met")
-        for x in targets:
-            if not x["met"]:
-                print(f"  MISSED {x['description']} at {x['bytes']} bytes: {x['value']:.3g} "
-                      f"(needs {x['comparison']} {x['bound']:g})")
+    targets = report_targets(results_path)
 
     charts = []
     if plt is not None and args.charts:

@@ -1,0 +1,6 @@
+"""bench/compare.py's parts: results in, verdicts, tables and charts out.
+
+names      the benchmark naming scheme (group, series, bytes)
+results    Google Benchmark JSON read into Stats; runs merged
+targets    the in-run targets' JSON: merged over runs, printed, summarised
+"""
