@@ -76,7 +76,6 @@ against its baseline's).
 
 import argparse
 import json
-import math
 import os
 import re
 import subprocess
@@ -89,232 +88,23 @@ DEFAULT_BASELINES = os.path.join(HERE, "baselines")
 if HERE not in sys.path:  # run as a script it is there; imported from elsewhere, maybe not
     sys.path.insert(0, HERE)
 
-# (Stats is imported for compare_test, which uses compare.Stats.)
-from benchcmp.names import family_of, matches_filter, parse_name, sort_key  # noqa: E402
+# (Stats, Row, parse_name, classify, limit_of and is_limit are imported for compare_test,
+# which uses them as compare.<name>.)
+from benchcmp.charts import chart_throughput, chart_vs_baseline, import_pyplot  # noqa: E402
+from benchcmp.names import family_of, matches_filter, parse_name  # noqa: E402, F401
 from benchcmp.results import Stats, binary_name_of, load_results, merge_runs  # noqa: E402, F401
+from benchcmp.rule import (  # noqa: E402, F401
+    Row,
+    classify,
+    compare,
+    gating_verdicts,
+    is_limit,
+    limit_of,
+    parse_informational,
+    parse_references,
+)
+from benchcmp.tables import print_table  # noqa: E402
 from benchcmp.targets import merge_targets, report_targets, summarize_targets  # noqa: E402
-
-# --- the comparison rule -----------------------------------------------------
-
-def parse_references(context):
-    """[(benchmark prefix, limit prefix)] from a context's
-    reloadsafe_references ("prefix=limit;...")."""
-    pairs = []
-    for item in context.get("reloadsafe_references", "").split(";"):
-        prefix, sep, limit = item.partition("=")
-        if sep and prefix and limit:
-            pairs.append((prefix, limit))
-    return pairs
-
-
-def limit_prefixes(limit):
-    """The alternatives of a reference's limit ("a/|b/" -> ["a/", "b/"])."""
-    return [p for p in limit.split("|") if p]
-
-
-def limit_of(name, references, stats, also_in=None):
-    """The benchmark of `stats` that `name` is measured against: under one of
-    its reference's limit prefixes, with the same bytes; of several
-    alternatives, the fastest (lowest median) among those also in `also_in`
-    (when given); None if none."""
-    size = parse_name(name)[2]
-    for prefix, limit in references:
-        alternatives = limit_prefixes(limit)
-        if not name.startswith(prefix) or any(name.startswith(a) for a in alternatives):
-            continue
-        found = [other for other in stats
-                 if any(other.startswith(a) for a in alternatives)
-                 and parse_name(other)[2] == size
-                 and (also_in is None or other in also_in)]
-        if found:
-            def median(n):
-                s = stats[n]
-                return s.median if s is not None and getattr(s, "times", None) else math.inf
-            return min(found, key=lambda n: (median(n), n))
-    return None
-
-
-def is_limit(name, references):
-    return any(name.startswith(a) for _, limit in references for a in limit_prefixes(limit))
-
-
-def classify(base, cur, threshold, relative=None, limit=False):
-    """SLOWER, faster, ok, new, missing, error, or (not failing) machine /
-    limit slower / limit faster, for one benchmark; see the module docstring.
-
-    `relative`: (current median / its limit's current median) over (baseline
-    median / the limit's baseline median), when the benchmark has a limit
-    measured in both runs. `limit`: the benchmark is itself a limit."""
-    if cur is None:
-        return "missing"
-    if cur.error:
-        return "error"
-    if base is None or base.error or not base.times:
-        return "new"
-    if not cur.times:
-        return "error"
-    if cur.median > base.median * (1 + threshold) and cur.min > base.max:
-        if limit:
-            return "limit slower"
-        if relative is not None and relative <= 1 + threshold:
-            return "machine"  # its limit slowed down about as much
-        return "SLOWER"
-    if cur.median * (1 + threshold) < base.median and cur.max < base.min:
-        return "limit faster" if limit else "faster"
-    return "ok"
-
-
-def compare(base_stats, cur_stats, threshold, references=()):
-    """Rows (name, base, cur, ratio, relative, verdict) sorted by name
-    (sort_key), then the baseline's benchmarks the current run lacks."""
-    rows = []
-    for name, cur in sorted(cur_stats.items(), key=lambda kv: sort_key(kv[0])):
-        base = base_stats.get(name)
-        ratio = cur.median / base.median if base and base.times and cur.times else math.nan
-        relative = None
-        lim = limit_of(name, references, cur_stats, also_in=base_stats)
-        if lim is not None and lim in base_stats and not math.isnan(ratio):
-            cur_lim, base_lim = cur_stats[lim], base_stats[lim]
-            if cur_lim.times and base_lim.times:
-                relative = ratio / (cur_lim.median / base_lim.median)
-        verdict = classify(base, cur, threshold, relative, is_limit(name, references))
-        rows.append((name, base, cur, ratio, relative, verdict))
-    for name, base in sorted(base_stats.items(), key=lambda kv: sort_key(kv[0])):
-        if name not in cur_stats:
-            rows.append((name, base, None, math.nan, None, "missing"))
-    return rows
-
-
-def fmt_time(ns):
-    if ns is None or math.isnan(ns):
-        return "-"
-    for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
-        if ns >= scale:
-            return f"{ns / scale:.3g} {unit}"
-    return f"{ns:.3g} ns"
-
-
-def fmt_range(s):
-    return "-" if s is None or not s.times else f"{fmt_time(s.min)}..{fmt_time(s.max)}"
-
-
-def print_table(rows, threshold, out=None, gating=True):
-    out = out or sys.stdout
-    width = max([len(r[0]) for r in rows] + [9])
-    print(f"{'benchmark':<{width}}  {'baseline':>9}  {'current':>9}  {'cur/base':>8}  "
-          f"{'vs limit':>8}  {'baseline range':>19}  {'current range':>19}  verdict", file=out)
-    for name, base, cur, ratio, relative, verdict in rows:
-        r = "-" if math.isnan(ratio) else f"{ratio:.3f}"
-        rel = "-" if relative is None else f"{relative:.3f}"
-        print(f"{name:<{width}}  {fmt_time(base.median if base else None):>9}  "
-              f"{fmt_time(cur.median if cur else None):>9}  {r:>8}  {rel:>8}  "
-              f"{fmt_range(base):>19}  {fmt_range(cur):>19}  {verdict}", file=out)
-    counts = {}
-    for row in rows:
-        counts[row[5]] = counts.get(row[5], 0) + 1
-    summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-    if gating:
-        print(f"({summary}; SLOWER = median more than {threshold:.0%} slower, ranges apart, and "
-              f"more than {threshold:.0%} slower relative to its limit in the same run)", file=out)
-        if "varies" in counts:
-            print("(varies = SLOWER or faster, for a benchmark whose speed depends on state "
-                  "outside the code (its binary's reloadsafe_informational): information)",
-                  file=out)
-    else:
-        print(f"({summary}; differs = median more than {threshold:.0%} apart and ranges apart, "
-              f"against another machine's baseline: information, not a verdict)", file=out)
-
-
-# --- charts ------------------------------------------------------------------
-
-def import_pyplot():
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        return plt
-    except ImportError:
-        return None
-
-
-def chart_throughput(plt, stats, title, path):
-    """Throughput by series and size: one panel per group (e.g. destination
-    and cache), limits (family BM_Limit) dashed in every panel of their
-    destination."""
-    panels, limits = {}, {}
-    for name, s in stats.items():
-        group, series, size = parse_name(name)
-        if size is None or not s.bps:
-            continue
-        family, _, rest = group.partition("/")
-        if family == "BM_Limit":
-            limits.setdefault(rest, {}).setdefault(series, []).append((size, s))
-        else:
-            panels.setdefault(group, {}).setdefault(series, []).append((size, s))
-    used_limits = set()
-    for group in panels:
-        dest = group.split("/")[1] if "/" in group else ""
-        if dest in limits:
-            used_limits.add(dest)
-    for dest, series in limits.items():
-        if dest not in used_limits:
-            panels["BM_Limit/" + dest] = series
-    if not panels:
-        return False
-    n = len(panels)
-    cols = min(n, 2)
-    rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 4.5 * rows), squeeze=False)
-    for ax, (group, series) in zip(axes.flat, sorted(panels.items())):
-        dest = group.split("/")[1] if "/" in group else ""
-        overlay = limits.get(dest, {}) if not group.startswith("BM_Limit") else {}
-        for label, points, style in ([(k, v, "-o") for k, v in sorted(series.items())] +
-                                     [(f"limit: {k}", v, "--") for k, v in sorted(overlay.items())]):
-            points.sort(key=lambda p: p[0])
-            xs = [p[0] for p in points]
-            ys = [p[1].median_bps / 1e9 for p in points]
-            lo = [(p[1].median_bps - p[1].bps[0]) / 1e9 for p in points]
-            hi = [(p[1].bps[-1] - p[1].median_bps) / 1e9 for p in points]
-            ax.errorbar(xs, ys, yerr=[lo, hi], fmt=style, capsize=2, label=label, markersize=4)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_title(group)
-        ax.set_xlabel("bytes")
-        ax.set_ylabel("GB/s (median, min..max)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    for ax in list(axes.flat)[n:]:
-        ax.axis("off")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return True
-
-
-def chart_vs_baseline(plt, rows, threshold, title, path):
-    rows = [r for r in rows if not math.isnan(r[3])]
-    if not rows:
-        return False
-    colors = {"SLOWER": "tab:red", "faster": "tab:green"}
-    fig, ax = plt.subplots(figsize=(10, 0.22 * len(rows) + 1.5))
-    names = [r[0] for r in rows]
-    ratios = [r[3] for r in rows]
-    ax.barh(range(len(rows)), ratios, color=[colors.get(r[5], "tab:blue") for r in rows])
-    ax.axvline(1.0, color="black", linewidth=0.8)
-    ax.axvline(1.0 + threshold, color="tab:red", linestyle="--", linewidth=0.8,
-               label=f"threshold (+{threshold:.0%})")
-    ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels(names, fontsize=6)
-    ax.invert_yaxis()
-    ax.set_xlabel("median time / baseline median time (>1: slower)")
-    ax.set_title(title)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return True
-
 
 # --- machines and stored baselines ------------------------------------------
 
@@ -603,27 +393,6 @@ def check_context(base_ctx, cur_ctx):
     return warnings
 
 
-def parse_informational(context):
-    """Name prefixes from a context's reloadsafe_informational ("a/;b/"):
-    benchmarks whose speed depends on state outside the code."""
-    return [p for p in str(context.get("reloadsafe_informational", "")).split(";") if p]
-
-
-def gating_verdicts(rows, same_machine, informational=()):
-    """The rows' verdicts as they count: against another machine's baseline,
-    SLOWER and faster become "differs"; for a benchmark the binary calls
-    informational, "varies" (both information, never a failure)."""
-    out = []
-    for n, b, c, r, rel, v in rows:
-        if v in ("SLOWER", "faster"):
-            if not same_machine:
-                v = "differs"
-            elif any(n.startswith(p) for p in informational):
-                v = "varies"
-        out.append((n, b, c, r, rel, v))
-    return out
-
-
 def process(results_path, args, plt, base_results=None):
     """Compares (or records) one results file; returns True if it passes.
 
@@ -688,12 +457,12 @@ def process(results_path, args, plt, base_results=None):
             print(f"[compare] chart: {vb}")
             charts.append(vb)
 
-    errors = [r[0] for r in rows if r[5] == "error"]
-    slower = [r[0] for r in rows if r[5] == "SLOWER"]
+    errors = [r.name for r in rows if r.verdict == "error"]
+    slower = [r.name for r in rows if r.verdict == "SLOWER"]
     families = {}
-    for n, _, _, _, _, v in rows:
-        fam = families.setdefault(family_of(n), {})
-        fam[v] = fam.get(v, 0) + 1
+    for row in rows:
+        fam = families.setdefault(family_of(row.name), {})
+        fam[row.verdict] = fam.get(row.verdict, 0) + 1
     verdict.update(mode=mode, base=(args.base if mode == "ab" else
                                     (os.path.relpath(base_file, TOP) if base_file else None)),
                    gates=mode in ("ab", "baseline"), slower=slower, errors=errors,

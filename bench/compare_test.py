@@ -424,14 +424,14 @@ class ABTest(FakeRunsCase):
 class InformationalTest(unittest.TestCase):
     def test_informational_prefixes_vary_and_never_gate(self):
         base, cur = compare.Stats("x", [10, 11, 12], []), compare.Stats("x", [30, 31, 32], [])
-        rows = [("BM_F/reread/a", base, cur, 3.0, 3.0, "SLOWER"),
-                ("BM_F/warm/a", base, cur, 3.0, 3.0, "SLOWER"),
-                ("BM_F/reread/b", cur, base, 0.3, 0.3, "faster")]
+        rows = [compare.Row("BM_F/reread/a", base, cur, 3.0, 3.0, "SLOWER"),
+                compare.Row("BM_F/warm/a", base, cur, 3.0, 3.0, "SLOWER"),
+                compare.Row("BM_F/reread/b", cur, base, 0.3, 0.3, "faster")]
         ctx = {"reloadsafe_informational": "BM_F/reread/;BM_G/"}
         self.assertEqual(compare.parse_informational(ctx), ["BM_F/reread/", "BM_G/"])
-        got = [r[5] for r in compare.gating_verdicts(rows, True, compare.parse_informational(ctx))]
+        got = [r.verdict for r in compare.gating_verdicts(rows, True, compare.parse_informational(ctx))]
         self.assertEqual(got, ["varies", "SLOWER", "varies"])
-        got = [r[5] for r in compare.gating_verdicts(rows, False, ["BM_F/reread/"])]
+        got = [r.verdict for r in compare.gating_verdicts(rows, False, ["BM_F/reread/"])]
         self.assertEqual(got, ["differs", "differs", "differs"])
 
 

@@ -3,4 +3,7 @@
 names      the benchmark naming scheme (group, series, bytes)
 results    Google Benchmark JSON read into Stats; runs merged
 targets    the in-run targets' JSON: merged over runs, printed, summarised
+rule       the comparison rule: a Row and its verdict per benchmark
+tables     the text table of rows
+charts     PNG charts (matplotlib, when it can be imported)
 """
