@@ -77,7 +77,6 @@ against its baseline's).
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -88,8 +87,17 @@ DEFAULT_BASELINES = os.path.join(HERE, "baselines")
 if HERE not in sys.path:  # run as a script it is there; imported from elsewhere, maybe not
     sys.path.insert(0, HERE)
 
-# (Stats, Row, parse_name, classify, limit_of and is_limit are imported for compare_test,
-# which uses them as compare.<name>.)
+# (Stats, Row, parse_name, classify, limit_of, is_limit and machine_of are
+# imported for compare_test, which uses them as compare.<name>.)
+from benchcmp.baselines import (  # noqa: E402, F401
+    baseline_path,
+    check_context,
+    describe_machine,
+    find_baseline,
+    machine_of,
+    recorded_threads,
+    write_baseline,
+)
 from benchcmp.charts import chart_throughput, chart_vs_baseline, import_pyplot  # noqa: E402
 from benchcmp.names import family_of, matches_filter, parse_name  # noqa: E402, F401
 from benchcmp.results import Stats, binary_name_of, load_results, merge_runs  # noqa: E402, F401
@@ -105,62 +113,6 @@ from benchcmp.rule import (  # noqa: E402, F401
 )
 from benchcmp.tables import print_table  # noqa: E402
 from benchcmp.targets import merge_targets, report_targets, summarize_targets  # noqa: E402
-
-# --- machines and stored baselines ------------------------------------------
-
-def slug(text):
-    """Lower-case words joined by '-': "AMD EPYC 7B13" -> "amd-epyc-7b13"."""
-    return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-") or "unknown"
-
-
-def machine_of(context):
-    """The machine a result was measured on, below its kind: the CPU model
-    and, on x86, its family and model numbers (one name, such as "AMD EPYC",
-    covers several generations on virtual machines), as a slug, plus "__" and
-    the GPU model where the binary found one."""
-    cpu = slug(" ".join(filter(None, (context.get("cpu_model", "unknown cpu"),
-                                      context.get("cpu_id")))))
-    if context.get("gpu_driver"):  # only present when a GPU was found
-        return cpu + "__" + slug(str(context.get("gpu", "gpu")).split(" (")[0])
-    return cpu
-
-
-def describe_machine(context):
-    gpu = context.get("gpu", "") if context.get("gpu_driver") else "no GPU"
-    cpu = context.get("cpu_model", "unknown CPU")
-    if context.get("cpu_id"):
-        cpu += f" ({context['cpu_id']})"
-    return f"{cpu}, {gpu}"
-
-
-def baseline_path(baselines, kind, machine, binary_name):
-    return os.path.join(baselines, kind, machine, binary_name + ".json")
-
-
-def find_baseline(baselines, kind, machine, binary_name):
-    """(path, same_machine) of the stored baseline to compare with: this
-    machine's, else another machine's of the same kind (for information),
-    else (None, False). A file directly under <kind>/ (the layout before
-    baselines were keyed by machine) counts as the machine its context names."""
-    own = baseline_path(baselines, kind, machine, binary_name)
-    if os.path.exists(own):
-        return own, True
-    others = []
-    legacy = os.path.join(baselines, kind, binary_name + ".json")
-    if os.path.exists(legacy):
-        with open(legacy) as f:
-            ctx = json.load(f).get("context", {})
-        if machine_of(ctx) == machine:
-            return legacy, True
-        others.append(legacy)
-    kind_dir = os.path.join(baselines, kind)
-    if os.path.isdir(kind_dir):
-        for m in sorted(os.listdir(kind_dir)):
-            path = baseline_path(baselines, kind, m, binary_name)
-            if os.path.exists(path):
-                others.append(path)
-    return (others[0], False) if others else (None, False)
-
 
 # --- running -----------------------------------------------------------------
 
@@ -269,21 +221,11 @@ def baseline_threads(args, binary):
     if os.environ.get("OMP_NUM_THREADS"):
         return None
     kind = args.kind or os.environ.get("RELOADSAFE_BENCH_KIND")
-    kinds = [kind] if kind else (os.listdir(args.baselines) if os.path.isdir(args.baselines) else [])
-    found = []
-    for k in kinds:
-        name = os.path.basename(binary) + ".json"
-        kdir = os.path.join(args.baselines, k)
-        paths = [os.path.join(kdir, name)] + [os.path.join(kdir, m, name)
-                                             for m in (sorted(os.listdir(kdir))
-                                                       if os.path.isdir(kdir) else [])]
-        for path in paths:
-            if os.path.isfile(path):
-                with open(path) as f:
-                    omp = json.load(f).get("context", {}).get("omp_env", "")
-                m = re.search(r"OMP_NUM_THREADS=(\d+)", omp)
-                if m:
-                    found.append(m.group(1))
+    if kind:
+        kinds = [kind]
+    else:
+        kinds = os.listdir(args.baselines) if os.path.isdir(args.baselines) else []
+    found = recorded_threads(args.baselines, kinds, os.path.basename(binary))
     if found and (kind or len(set(found)) == 1):
         return found[0]
     return None
@@ -357,40 +299,6 @@ def interleaved_order(rounds):
     for r in range(rounds):
         order += [("base", "head"), ("head", "base")][r % 2]
     return order
-
-
-def write_baseline(results_path, base_file, merge):
-    """Writes results_path as the baseline. With `merge` (a filtered run),
-    replaces only the baseline's entries for the benchmarks it ran. The
-    binary's path is kept as its name: a baseline names no machine's folders."""
-    with open(results_path) as f:
-        new = json.load(f)
-    if merge and os.path.exists(base_file):
-        with open(base_file) as f:
-            old = json.load(f)
-        names = {b.get("run_name", b["name"]) for b in new["benchmarks"]}
-        kept = [b for b in old["benchmarks"] if b.get("run_name", b["name"]) not in names]
-        new["benchmarks"] = kept + new["benchmarks"]
-    context = new.get("context", {})
-    if "executable" in context:
-        context["executable"] = os.path.basename(context["executable"])
-    os.makedirs(os.path.dirname(base_file), exist_ok=True)
-    with open(base_file, "w") as f:
-        json.dump(new, f, indent=2)
-        f.write("\n")
-
-
-def check_context(base_ctx, cur_ctx):
-    """Warnings about results that should not be compared."""
-    warnings = []
-    if cur_ctx.get("reloadsafe_build", "opt") != "opt":
-        warnings.append(f"this run's binary is not optimised ({cur_ctx['reloadsafe_build']}): "
-                        f"build with -c opt")
-    for key in ("cpu_model", "cpu_id", "gpu", "num_cpus", "kernel", "scratch_fs", "torch_threads"):
-        b, c = base_ctx.get(key), cur_ctx.get(key)
-        if b is not None and c is not None and str(b).split(" (")[0] != str(c).split(" (")[0]:
-            warnings.append(f"{key} differs from the baseline's: {c!r} vs {b!r}")
-    return warnings
 
 
 def process(results_path, args, plt, base_results=None):

@@ -6,4 +6,5 @@ targets    the in-run targets' JSON: merged over runs, printed, summarised
 rule       the comparison rule: a Row and its verdict per benchmark
 tables     the text table of rows
 charts     PNG charts (matplotlib, when it can be imported)
+baselines  stored baselines: machine slugs, where they live, recording
 """
