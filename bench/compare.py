@@ -81,25 +81,25 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-TOP = os.path.dirname(HERE)
-DEFAULT_BASELINES = os.path.join(HERE, "baselines")
-if HERE not in sys.path:  # run as a script it is there; imported from elsewhere, maybe not
-    sys.path.insert(0, HERE)
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:  # run as a script it is there; imported from elsewhere, maybe not
+    sys.path.insert(0, _HERE)
 
 # (Stats, Row, parse_name, classify, limit_of, is_limit and machine_of are
-# imported for compare_test, which uses them as compare.<name>.)
+# imported for compare_test, which uses them as compare.<name>, as are
+# merge_runs and merge_targets.)
+from benchcmp import bazel, runs  # noqa: E402
 from benchcmp.baselines import (  # noqa: E402, F401
     baseline_path,
     check_context,
     describe_machine,
     find_baseline,
     machine_of,
-    recorded_threads,
     write_baseline,
 )
 from benchcmp.charts import chart_throughput, chart_vs_baseline, import_pyplot  # noqa: E402
 from benchcmp.names import family_of, matches_filter, parse_name  # noqa: E402, F401
+from benchcmp.paths import DEFAULT_BASELINES, TOP  # noqa: E402
 from benchcmp.results import Stats, binary_name_of, load_results, merge_runs  # noqa: E402, F401
 from benchcmp.rule import (  # noqa: E402, F401
     Row,
@@ -112,76 +112,9 @@ from benchcmp.rule import (  # noqa: E402, F401
     parse_references,
 )
 from benchcmp.tables import print_table  # noqa: E402
-from benchcmp.targets import merge_targets, report_targets, summarize_targets  # noqa: E402
+from benchcmp.targets import merge_targets, report_targets, summarize_targets  # noqa: E402, F401
 
-# --- running -----------------------------------------------------------------
-
-def bazel_bin(cwd):
-    """The -c opt bazel-bin folder of the workspace at cwd (the bazel-bin
-    symlink follows the last command's configuration)."""
-    try:
-        return subprocess.run(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=cwd, check=True,
-                              capture_output=True, text=True, env=shell_env()).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return os.path.join(cwd, "bazel-bin")
-
-
-def build(names, cwd, log):
-    """bazel build -c opt //bench:<names> in the workspace at cwd; the output
-    goes to `log` (a file object or None for the terminal)."""
-    if not names:
-        return
-    targets = [f"//bench:{n}" for n in names]
-    print(f"[compare] bazel build -c opt {' '.join(targets)} (in {cwd})", flush=True)
-    subprocess.run(["bazel", "build", "-c", "opt", *targets], cwd=cwd, check=True,
-                   env=shell_env(), stdout=log, stderr=subprocess.STDOUT if log else None)
-
-
-def shell_env():
-    """The environment of the shell that started this script. pyenv's python3
-    wrapper puts its own folders in front of PATH; Bazel passes PATH to the
-    compile actions, so a different PATH would miss every cached action built
-    from the shell."""
-    env = dict(os.environ)
-    root = env.get("PYENV_ROOT")
-    if root:
-        parts = env.get("PATH", "").split(os.pathsep)
-        while parts and parts[0].startswith(root + os.sep) and not parts[0].endswith("shims"):
-            parts.pop(0)
-        env["PATH"] = os.pathsep.join(parts)
-    return env
-
-
-def has_benchmark(name, cwd):
-    """Whether the workspace at cwd defines //bench:<name> (an A/B base
-    older than a new benchmark does not)."""
-    try:
-        return subprocess.run(["bazel", "query", f"//bench:{name}"], cwd=cwd, env=shell_env(),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
-    except OSError:
-        return False
-
-
-def stop_bazel(cwd):
-    """Stops the Bazel server of the workspace at cwd (the base worktree's is
-    not needed once its binaries are built)."""
-    try:
-        subprocess.run(["bazel", "shutdown"], cwd=cwd, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
-    except OSError:
-        pass
-
-
-def resolve_binary(spec, cwd=TOP):
-    """A binary path for a BENCH that is a name (in cwd's bazel-bin) or a path."""
-    if os.sep in spec or os.path.exists(spec):
-        return os.path.abspath(spec)
-    path = os.path.join(bazel_bin(cwd), "bench", spec)
-    if not os.path.exists(path):
-        sys.exit(f"[compare] {path} does not exist: build it (bazel build -c opt //bench:{spec}) "
-                 f"or give the path to the binary")
-    return path
-
+# --- the A/B run ---------------------------------------------------------------
 
 def base_worktree(ref, where, log):
     """A git worktree of commit `ref` at `where` (created, or moved to ref when
@@ -208,88 +141,6 @@ def default_base_dir():
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
         "reloadsafe")
     return os.path.join(cache, "ab-base")
-
-
-def baseline_threads(args, binary):
-    """OMP_NUM_THREADS for a run: --threads, else the environment's, else the
-    one this machine kind's stored baseline of this binary was recorded with
-    (so that a comparison is like for like), else None (LibTorch's default).
-    The series of the binaries set their own thread counts (one thread, or
-    all cores); this only affects what they leave at LibTorch's default."""
-    if args.threads is not None:
-        return str(args.threads)
-    if os.environ.get("OMP_NUM_THREADS"):
-        return None
-    kind = args.kind or os.environ.get("RELOADSAFE_BENCH_KIND")
-    if kind:
-        kinds = [kind]
-    else:
-        kinds = os.listdir(args.baselines) if os.path.isdir(args.baselines) else []
-    found = recorded_threads(args.baselines, kinds, os.path.basename(binary))
-    if found and (kind or len(set(found)) == 1):
-        return found[0]
-    return None
-
-
-def run_binary(binary, args, results_dir, repetitions=None, tag=""):
-    """Runs one binary; returns its results JSON path (<results>/<name><tag>.json,
-    targets beside it as .targets.json)."""
-    name = os.path.basename(binary)
-    out = os.path.join(results_dir, name + tag + ".json")
-    targets = os.path.join(results_dir, name + tag + ".targets.json")
-    cmd = [binary, f"--benchmark_repetitions={repetitions or args.repetitions}",
-           "--benchmark_enable_random_interleaving=true",
-           "--benchmark_display_aggregates_only=true",
-           f"--benchmark_out={out}", "--benchmark_out_format=json",
-           f"--reloadsafe_targets_out={targets}"]
-    if args.min_time is not None:
-        cmd.append(f"--benchmark_min_time={args.min_time}")
-    if args.filter:
-        cmd.append(f"--benchmark_filter={args.filter}")
-    cmd += args.binary_args
-    env = dict(os.environ)
-    threads = baseline_threads(args, binary)
-    if threads is not None:
-        env["OMP_NUM_THREADS"] = threads
-    prefix = f"OMP_NUM_THREADS={threads} " if threads is not None else ""
-    print("[compare] " + prefix + " ".join(cmd), flush=True)
-    log = getattr(args, "log_file", None)
-    subprocess.run(cmd, check=True, env=env, stdout=log,
-                   stderr=subprocess.STDOUT if log else None)
-    return out
-
-
-def run_separately(binary, args):
-    """Runs `binary` --repetitions times, one repetition per process, and
-    merges the runs into <results>/<name>.json (targets: the median of the
-    runs' ratios). Note [Repetitions are processes]: the stored-baseline
-    comparison and the recording both sample process-to-process variation,
-    as the A/B run does."""
-    name = os.path.basename(binary)
-    outputs = [run_binary(binary, args, args.results_dir, repetitions=1, tag=f".{i}")
-               for i in range(args.repetitions)]
-    return merge_outputs(outputs, os.path.join(args.results_dir, name + ".json"))
-
-
-def merge_outputs(paths, out_path):
-    """merge_runs and merge_targets of one binary's runs (each run's targets
-    beside its results as .targets.json); returns out_path."""
-    merge_runs(paths, out_path)
-    merge_targets([os.path.splitext(p)[0] + ".targets.json" for p in paths],
-                  os.path.splitext(out_path)[0] + ".targets.json")
-    return out_path
-
-
-# Note [Repetitions are processes]
-# Benchmarks of a microsecond or less (replace_parameter at 4-16 KiB, the
-# in_own_storage decision) differ by 30-70% from one process to the next on
-# the same machine and code (measured: in place at 16 KiB 456-705 ns over six
-# processes, each process's own repetitions within a few percent), through
-# heap and code layout. Repetitions inside one process hide that spread, so a
-# baseline recorded that way had min..max ranges that the next process fell
-# outside of: a same-machine, same-code run was flagged SLOWER. Every run
-# compare.py makes is therefore N processes of one repetition each, and the
-# ranges compared are ranges over processes.
 
 
 def interleaved_order(rounds):
@@ -413,26 +264,26 @@ def run_ab(specs, args, plt):
     print(f"[compare] base: {args.base} = {commit[:12]} in {where}", flush=True)
     # A benchmark the base does not have yet runs on the working tree only:
     # every one of its benchmarks is "new".
-    on_base = [n for n in names if has_benchmark(n, where)]
+    on_base = [n for n in names if bazel.has_benchmark(n, where)]
     for n in names:
         if n not in on_base:
             print(f"[compare] {args.base} has no //bench:{n}: its benchmarks are new", flush=True)
     if not args.no_build:
-        build(names, TOP, log)
-        build(on_base, where, log)
-        stop_bazel(where)
+        bazel.build(names, TOP, log)
+        bazel.build(on_base, where, log)
+        bazel.stop_bazel(where)
     ok = True
     for name in names:
-        sides = {"head": resolve_binary(name, TOP)}
+        sides = {"head": bazel.resolve_binary(name, TOP)}
         if name in on_base:
-            sides["base"] = resolve_binary(name, where)
+            sides["base"] = bazel.resolve_binary(name, where)
         outputs = {"head": [], "base": []}
         for i, side in enumerate(interleaved_order(args.repetitions)):
             if side in sides:
-                outputs[side].append(run_binary(sides[side], args, args.results_dir,
+                outputs[side].append(runs.run_binary(sides[side], args, args.results_dir,
                                                 repetitions=1, tag=f".{side}.{i // 2}"))
-        head = merge_outputs(outputs["head"], os.path.join(args.results_dir, f"{name}.json"))
-        base = merge_outputs(outputs["base"], os.path.join(args.results_dir, f"{name}.base.json"))
+        head = runs.merge_outputs(outputs["head"], os.path.join(args.results_dir, f"{name}.json"))
+        base = runs.merge_outputs(outputs["base"], os.path.join(args.results_dir, f"{name}.base.json"))
         ok = process(head, args, plt, base_results=base) and ok
     return ok
 
@@ -502,13 +353,13 @@ def main(argv=None):
         names = [s for s in args.bench
                  if not s.endswith(".json") and os.sep not in s and not os.path.exists(s)]
         if names and not args.no_build:
-            build(names, TOP, args.log_file)
+            bazel.build(names, TOP, args.log_file)
         ok = True
         for spec in args.bench:
             if spec.endswith(".json"):
                 results = spec
             else:
-                results = run_separately(resolve_binary(spec), args)
+                results = runs.run_separately(bazel.resolve_binary(spec), args)
             ok = process(results, args, plt) and ok
     print(f"\n[compare] results in {args.results_dir}")
     return 0 if ok else 1

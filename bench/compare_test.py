@@ -12,6 +12,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare  # noqa: E402
+from benchcmp import bazel, runs  # noqa: E402
 
 
 def results(times_by_name, kind="testkind", unit="us", error=None, build="opt", cpu=None):
@@ -205,11 +206,11 @@ class MainTest(unittest.TestCase):
         args = type("Args", (), {"threads": None, "kind": None, "baselines": self.baselines})
         saved = os.environ.pop("OMP_NUM_THREADS", None)
         try:
-            self.assertEqual(compare.baseline_threads(args, "/x/fake_bench"), "1")
+            self.assertEqual(runs.baseline_threads(args, "/x/fake_bench"), "1")
             args.threads = 4
-            self.assertEqual(compare.baseline_threads(args, "/x/fake_bench"), "4")
+            self.assertEqual(runs.baseline_threads(args, "/x/fake_bench"), "4")
             args.threads = None
-            self.assertIsNone(compare.baseline_threads(args, "/x/other_bench"))
+            self.assertIsNone(runs.baseline_threads(args, "/x/other_bench"))
         finally:
             if saved is not None:
                 os.environ["OMP_NUM_THREADS"] = saved
@@ -334,20 +335,20 @@ class FakeRunsCase(unittest.TestCase):
 
     def setUp(self):
         self.dir = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
-        self.saved = {n: getattr(compare, n) for n in
-                      ("base_worktree", "build", "resolve_binary", "run_binary", "stop_bazel",
-                       "has_benchmark")}
-        compare.stop_bazel = lambda cwd: None
-        compare.has_benchmark = lambda name, cwd: True
+        self.saved = [(m, n, getattr(m, n)) for m, n in
+                      ((compare, "base_worktree"), (bazel, "build"), (bazel, "resolve_binary"),
+                       (runs, "run_binary"), (bazel, "stop_bazel"), (bazel, "has_benchmark"))]
+        bazel.stop_bazel = lambda cwd: None
+        bazel.has_benchmark = lambda name, cwd: True
         self.calls = []
         compare.base_worktree = lambda ref, where, log: "0" * 40
-        compare.build = lambda names, cwd, log: None
-        compare.resolve_binary = lambda name, cwd=compare.TOP: os.path.join(
+        bazel.build = lambda names, cwd, log: None
+        bazel.resolve_binary = lambda name, cwd=compare.TOP: os.path.join(
             "/base" if cwd != compare.TOP else "/head", name)
 
     def tearDown(self):
-        for n, f in self.saved.items():
-            setattr(compare, n, f)
+        for m, n, f in self.saved:
+            setattr(m, n, f)
 
     baselines_dir = "none"  # under self.dir: A/B needs no stored baseline
 
@@ -371,7 +372,7 @@ class FakeRunsCase(unittest.TestCase):
             with open(out, "w") as f:
                 json.dump(data, f)
             return out
-        compare.run_binary = run
+        runs.run_binary = run
 
     def run_main(self, *argv):
         out = io.StringIO()
@@ -411,7 +412,7 @@ class ABTest(FakeRunsCase):
 
     def test_a_benchmark_the_base_lacks_runs_on_the_working_tree_as_new(self):
         self.fake_runs({"head": [10, 11, 12], "base": [1]})
-        compare.has_benchmark = lambda name, cwd: cwd == compare.TOP
+        bazel.has_benchmark = lambda name, cwd: cwd == compare.TOP
         rc, out = self.run_main("--base", "main", "--repetitions", "3", "fake_bench")
         self.assertEqual(rc, 0, out)
         self.assertEqual(self.calls, ["head", "head", "head"])

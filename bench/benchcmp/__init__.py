@@ -7,4 +7,7 @@ rule       the comparison rule: a Row and its verdict per benchmark
 tables     the text table of rows
 charts     PNG charts (matplotlib, when it can be imported)
 baselines  stored baselines: machine slugs, where they live, recording
+bazel      the Bazel commands (build, query, bazel-bin) and the shell's PATH
+runs       running a benchmark binary, one repetition per process
+options    what a command line asks for
 """
