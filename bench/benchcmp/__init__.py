@@ -9,5 +9,8 @@ charts     PNG charts (matplotlib, when it can be imported)
 baselines  stored baselines: machine slugs, where they live, recording
 bazel      the Bazel commands (build, query, bazel-bin) and the shell's PATH
 runs       running a benchmark binary, one repetition per process
+judge      one binary's results judged, printed and written as a verdict
+ab         the A/B run against a git commit
 options    what a command line asks for
+cli        the command line (argparse) and main()
 """
