@@ -9,6 +9,7 @@ import os
 import sys
 import tempfile
 import unittest
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare  # noqa: E402
@@ -129,7 +130,10 @@ class FilterTest(unittest.TestCase):
         self.assertTrue(names.matches_filter("bytes:4096/|decision", "BM_InOwnStorage/decision"))
 
 
-class MainTest(unittest.TestCase):
+class MainCase(unittest.TestCase):
+    """compare.main on results files written to a temporary folder, with the
+    stored baselines in a folder of their own."""
+
     def setUp(self):
         self.dir = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
         self.baselines = os.path.join(self.dir, "baselines")
@@ -147,6 +151,8 @@ class MainTest(unittest.TestCase):
                                "--results-dir", self.dir, *argv])
         return rc, out.getvalue()
 
+
+class MainTest(MainCase):
     def test_update_then_gate(self):
         base = self.write("base.json", results({"BM_A/bytes:8/real_time": [10, 11, 12]}))
         rc, out = self.run_main("--update-baseline", base)
@@ -204,7 +210,7 @@ class MainTest(unittest.TestCase):
         data = results({"BM_A/real_time": [1]})
         data["context"]["omp_env"] = "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=(unset)"
         self.run_main("--update-baseline", self.write("base.json", data))
-        args = type("Args", (), {"threads": None, "kind": None, "baselines": self.baselines})
+        args: Any = type("Args", (), {"threads": None, "kind": None, "baselines": self.baselines})
         saved = os.environ.pop("OMP_NUM_THREADS", None)
         try:
             self.assertEqual(runs.baseline_threads(args, "/x/fake_bench"), "1")
@@ -248,12 +254,8 @@ class MachineTest(unittest.TestCase):
                 self.assertEqual(baselines.machine_of(ctx), want)
 
 
-class MachineBaselineTest(MainTest.__bases__[0]):
+class MachineBaselineTest(MainCase):
     """Stored baselines are keyed by machine; only the same machine gates."""
-
-    setUp = MainTest.setUp
-    write = MainTest.write
-    run_main = MainTest.run_main
 
     def test_other_cpu_informs_never_fails(self):
         self.run_main("--update-baseline",
@@ -344,8 +346,8 @@ class FakeRunsCase(unittest.TestCase):
         self.calls = []
         ab.base_worktree = lambda ref, where, log: "0" * 40
         bazel.build = lambda names, cwd, log: None
-        bazel.resolve_binary = lambda name, cwd=paths.TOP: os.path.join(
-            "/base" if cwd != paths.TOP else "/head", name)
+        bazel.resolve_binary = lambda spec, cwd=paths.TOP: os.path.join(
+            "/base" if cwd != paths.TOP else "/head", spec)
 
     def tearDown(self):
         for m, n, f in self.saved:
@@ -358,7 +360,7 @@ class FakeRunsCase(unittest.TestCase):
         results; each call's side goes to self.calls, its repetitions to
         self.repetitions."""
         counters = {"head": 0, "base": 0}
-        self.repetitions = []
+        self.repetitions: list[int | None] = []
 
         def run(binary, args, results_dir, repetitions=None, tag=""):
             side = "base" if binary.startswith("/base") else "head"
