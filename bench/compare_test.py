@@ -292,15 +292,6 @@ class MachineBaselineTest(MainCase):
         rc, out = self.run_main("--record-missing", slow)
         self.assertEqual(rc, 1, out)
 
-    def test_legacy_layout_counts_as_its_own_machine(self):
-        os.makedirs(os.path.join(self.baselines, "testkind"))
-        with open(os.path.join(self.baselines, "testkind", "fake_bench.json"), "w") as f:
-            json.dump(results({"BM_A/real_time": [1, 1, 1]}, cpu="AMD EPYC"), f)
-        slow = results({"BM_A/real_time": [5, 5, 5]}, cpu="AMD EPYC")
-        self.assertEqual(self.run_main(self.write("s.json", slow))[0], 1)
-        other = results({"BM_A/real_time": [5, 5, 5]}, cpu="Intel Xeon")
-        self.assertEqual(self.run_main(self.write("o.json", other))[0], 0)
-
 
 class InterleaveTest(unittest.TestCase):
     def test_abba(self):

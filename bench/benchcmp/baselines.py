@@ -55,20 +55,11 @@ def find_baseline(baselines: str, kind: str, machine: str,
                   binary_name: str) -> tuple[str | None, bool]:
     """(path, same_machine) of the stored baseline to compare with: this
     machine's, else another machine's of the same kind (for information),
-    else (None, False). A file directly under <kind>/ (the layout before
-    baselines were keyed by machine) counts as the machine its context names."""
+    else (None, False)."""
     own = baseline_path(baselines, kind, machine, binary_name)
     if os.path.exists(own):
         return own, True
-    others = []
-    legacy = os.path.join(baselines, kind, binary_name + ".json")
-    if os.path.exists(legacy):
-        with open(legacy) as f:
-            ctx = json.load(f).get("context", {})
-        if machine_of(ctx) == machine:
-            return legacy, True
-        others.append(legacy)
-    others += machines_with(baselines, kind, binary_name)
+    others = machines_with(baselines, kind, binary_name)
     return (others[0], False) if others else (None, False)
 
 
@@ -77,9 +68,7 @@ def recorded_threads(baselines: str, kinds: list[str], binary_name: str) -> list
     `kinds` was recorded with (its context's omp_env), where it names one."""
     found = []
     for kind in kinds:
-        legacy = os.path.join(baselines, kind, binary_name + ".json")
-        paths = [legacy] if os.path.isfile(legacy) else []
-        for path in paths + machines_with(baselines, kind, binary_name):
+        for path in machines_with(baselines, kind, binary_name):
             with open(path) as f:
                 omp = json.load(f).get("context", {}).get("omp_env", "")
             m = re.search(r"OMP_NUM_THREADS=(\d+)", omp)
