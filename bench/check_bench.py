@@ -40,6 +40,7 @@ the path and uses the set-up's Python:
 """
 import argparse
 import datetime
+import functools
 import json
 import os
 import random
@@ -135,7 +136,7 @@ def benchmarks(sizes):
             (f"BM_CheckReload/fp8_linear/untraced/bytes:{b}/process_time",
              lambda n=n: check(n, False)),
             (f"BM_OwnWork/fp8_linear/bytes:{b}/process_time",
-             lambda n=n, ckpt=ckpt, x=x: own_work(n, ckpt, x)),
+             functools.partial(own_work, n, ckpt, x)),
         ]
     return out
 

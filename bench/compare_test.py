@@ -9,9 +9,12 @@ import os
 import sys
 import tempfile
 import unittest
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare  # noqa: E402
+from benchcmp import ab, baselines, bazel, names, paths, rule, runs, targets  # noqa: E402
+from benchcmp import results as bench_results  # noqa: E402
 
 
 def results(times_by_name, kind="testkind", unit="us", error=None, build="opt", cpu=None):
@@ -36,7 +39,7 @@ def results(times_by_name, kind="testkind", unit="us", error=None, build="opt", 
 
 class ClassifyTest(unittest.TestCase):
     def stats(self, times):
-        return compare.Stats("b", times, [])
+        return bench_results.Stats("b", times, [])
 
     def test_table(self):
         cases = [
@@ -52,44 +55,44 @@ class ClassifyTest(unittest.TestCase):
         for name, base, cur, verdict in cases:
             with self.subTest(name):
                 self.assertEqual(
-                    compare.classify(self.stats(base), self.stats(cur), 0.25), verdict)
+                    rule.classify(self.stats(base), self.stats(cur), 0.25), verdict)
 
     def test_relative_to_limit(self):
         base, cur = self.stats([10, 11, 12]), self.stats([20, 21, 22])
         # The limit slowed as much: the machine, not the code.
-        self.assertEqual(compare.classify(base, cur, 0.25, relative=1.05), "machine")
-        self.assertEqual(compare.classify(base, cur, 0.25, relative=1.6), "SLOWER")
-        self.assertEqual(compare.classify(base, cur, 0.25, limit=True), "limit slower")
+        self.assertEqual(rule.classify(base, cur, 0.25, relative=1.05), "machine")
+        self.assertEqual(rule.classify(base, cur, 0.25, relative=1.6), "SLOWER")
+        self.assertEqual(rule.classify(base, cur, 0.25, limit=True), "limit slower")
 
     def test_references_pair_by_size(self):
-        refs = compare.parse_references(
+        refs = rule.parse_references(
             {"reloadsafe_references": "BM_R/in_place/=BM_R/memcpy/;BM_R/placed/=BM_R/memcpy/"})
         stats = {"BM_R/memcpy/bytes:8/real_time": None, "BM_R/memcpy/bytes:16/real_time": None}
-        self.assertEqual(compare.limit_of("BM_R/in_place/bytes:16/real_time", refs, stats),
+        self.assertEqual(rule.limit_of("BM_R/in_place/bytes:16/real_time", refs, stats),
                          "BM_R/memcpy/bytes:16/real_time")
-        self.assertIsNone(compare.limit_of("BM_R/in_place/bytes:32/real_time", refs, stats))
-        self.assertIsNone(compare.limit_of("BM_R/memcpy/bytes:8/real_time", refs, stats))
-        self.assertTrue(compare.is_limit("BM_R/memcpy/bytes:8/real_time", refs))
+        self.assertIsNone(rule.limit_of("BM_R/in_place/bytes:32/real_time", refs, stats))
+        self.assertIsNone(rule.limit_of("BM_R/memcpy/bytes:8/real_time", refs, stats))
+        self.assertTrue(rule.is_limit("BM_R/memcpy/bytes:8/real_time", refs))
 
     def test_limit_alternatives_take_the_fastest_in_both_runs(self):
-        refs = compare.parse_references({"reloadsafe_references": "BM_R/a/=BM_R/memcpy/|BM_R/stream/"})
-        cur = {"BM_R/memcpy/bytes:8/real_time": compare.Stats("m", [10], []),
-               "BM_R/stream/bytes:8/real_time": compare.Stats("s", [5], []),
-               "BM_R/a/bytes:8/real_time": compare.Stats("a", [12], [])}
-        self.assertEqual(compare.limit_of("BM_R/a/bytes:8/real_time", refs, cur),
+        refs = rule.parse_references({"reloadsafe_references": "BM_R/a/=BM_R/memcpy/|BM_R/stream/"})
+        cur = {"BM_R/memcpy/bytes:8/real_time": bench_results.Stats("m", [10], []),
+               "BM_R/stream/bytes:8/real_time": bench_results.Stats("s", [5], []),
+               "BM_R/a/bytes:8/real_time": bench_results.Stats("a", [12], [])}
+        self.assertEqual(rule.limit_of("BM_R/a/bytes:8/real_time", refs, cur),
                          "BM_R/stream/bytes:8/real_time")
         # A base without the streaming limit: the alternative both runs have.
         base = {"BM_R/memcpy/bytes:8/real_time": None}
-        self.assertEqual(compare.limit_of("BM_R/a/bytes:8/real_time", refs, cur, also_in=base),
+        self.assertEqual(rule.limit_of("BM_R/a/bytes:8/real_time", refs, cur, also_in=base),
                          "BM_R/memcpy/bytes:8/real_time")
-        self.assertTrue(compare.is_limit("BM_R/stream/bytes:8/real_time", refs))
-        self.assertFalse(compare.is_limit("BM_R/a/bytes:8/real_time", refs))
+        self.assertTrue(rule.is_limit("BM_R/stream/bytes:8/real_time", refs))
+        self.assertFalse(rule.is_limit("BM_R/a/bytes:8/real_time", refs))
 
     def test_new_missing_error(self):
         s = self.stats([1])
-        self.assertEqual(compare.classify(None, s, 0.25), "new")
-        self.assertEqual(compare.classify(s, None, 0.25), "missing")
-        self.assertEqual(compare.classify(s, compare.Stats("b", [], [], error="x"), 0.25), "error")
+        self.assertEqual(rule.classify(None, s, 0.25), "new")
+        self.assertEqual(rule.classify(s, None, 0.25), "missing")
+        self.assertEqual(rule.classify(s, bench_results.Stats("b", [], [], error="x"), 0.25), "error")
 
 
 class ProcessTimeTest(unittest.TestCase):
@@ -102,32 +105,35 @@ class ProcessTimeTest(unittest.TestCase):
         path = os.path.join(d, "r.json")
         with open(path, "w") as f:
             json.dump(data, f)
-        _, stats = compare.load_results(path)
+        _, stats = bench_results.load_results(path)
         self.assertEqual(stats["BM_A/process_time"].times, [4000])
         self.assertEqual(stats["BM_B/real_time"].times, [10000])
-        self.assertEqual(compare.parse_name("BM_C/x/traced/bytes:8/process_time"),
+        self.assertEqual(names.parse_name("BM_C/x/traced/bytes:8/process_time"),
                          ("BM_C/x", "traced", 8))
 
 
 class ParseNameTest(unittest.TestCase):
     def test_names(self):
         self.assertEqual(
-            compare.parse_name("BM_FileCopy/cpu/warm/pread/bytes:1048576/manual_time"),
+            names.parse_name("BM_FileCopy/cpu/warm/pread/bytes:1048576/manual_time"),
             ("BM_FileCopy/cpu/warm", "pread", 1048576))
-        self.assertEqual(compare.parse_name("BM_Replace/memcpy/bytes:4096/real_time"),
+        self.assertEqual(names.parse_name("BM_Replace/memcpy/bytes:4096/real_time"),
                          ("BM_Replace", "memcpy", 4096))
-        self.assertEqual(compare.parse_name("BM_InOwnStorage/decision_unplaced/real_time"),
+        self.assertEqual(names.parse_name("BM_InOwnStorage/decision_unplaced/real_time"),
                          ("BM_InOwnStorage", "decision_unplaced", None))
 
 
 class FilterTest(unittest.TestCase):
     def test_filter(self):
-        self.assertTrue(compare.matches_filter("cpu/warm", "BM_FileCopy/cpu/warm/pread/bytes:1"))
-        self.assertFalse(compare.matches_filter("-cpu/warm", "BM_FileCopy/cpu/warm/pread"))
-        self.assertTrue(compare.matches_filter("bytes:4096/|decision", "BM_InOwnStorage/decision"))
+        self.assertTrue(names.matches_filter("cpu/warm", "BM_FileCopy/cpu/warm/pread/bytes:1"))
+        self.assertFalse(names.matches_filter("-cpu/warm", "BM_FileCopy/cpu/warm/pread"))
+        self.assertTrue(names.matches_filter("bytes:4096/|decision", "BM_InOwnStorage/decision"))
 
 
-class MainTest(unittest.TestCase):
+class MainCase(unittest.TestCase):
+    """compare.main on results files written to a temporary folder, with the
+    stored baselines in a folder of their own."""
+
     def setUp(self):
         self.dir = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
         self.baselines = os.path.join(self.dir, "baselines")
@@ -145,6 +151,8 @@ class MainTest(unittest.TestCase):
                                "--results-dir", self.dir, *argv])
         return rc, out.getvalue()
 
+
+class MainTest(MainCase):
     def test_update_then_gate(self):
         base = self.write("base.json", results({"BM_A/bytes:8/real_time": [10, 11, 12]}))
         rc, out = self.run_main("--update-baseline", base)
@@ -202,14 +210,14 @@ class MainTest(unittest.TestCase):
         data = results({"BM_A/real_time": [1]})
         data["context"]["omp_env"] = "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=(unset)"
         self.run_main("--update-baseline", self.write("base.json", data))
-        args = type("Args", (), {"threads": None, "kind": None, "baselines": self.baselines})
+        args: Any = type("Args", (), {"threads": None, "kind": None, "baselines": self.baselines})
         saved = os.environ.pop("OMP_NUM_THREADS", None)
         try:
-            self.assertEqual(compare.baseline_threads(args, "/x/fake_bench"), "1")
+            self.assertEqual(runs.baseline_threads(args, "/x/fake_bench"), "1")
             args.threads = 4
-            self.assertEqual(compare.baseline_threads(args, "/x/fake_bench"), "4")
+            self.assertEqual(runs.baseline_threads(args, "/x/fake_bench"), "4")
             args.threads = None
-            self.assertIsNone(compare.baseline_threads(args, "/x/other_bench"))
+            self.assertIsNone(runs.baseline_threads(args, "/x/other_bench"))
         finally:
             if saved is not None:
                 os.environ["OMP_NUM_THREADS"] = saved
@@ -221,7 +229,7 @@ class MainTest(unittest.TestCase):
         rc, out = self.run_main("--filter", "BM_B", part)
         self.assertNotIn("missing", out)  # BM_A was filtered out, not lost
         self.run_main("--update-baseline", "--filter", "BM_B", part)
-        _, stats = compare.load_results(os.path.join(self.baselines, "testkind", "unknown-cpu", "fake_bench.json"))
+        _, stats = bench_results.load_results(os.path.join(self.baselines, "testkind", "unknown-cpu", "fake_bench.json"))
         self.assertEqual(stats["BM_A/real_time"].median, 1000)  # us -> ns, kept
         self.assertEqual(stats["BM_B/real_time"].median, 5000)  # replaced
 
@@ -243,15 +251,11 @@ class MachineTest(unittest.TestCase):
         ]
         for ctx, want in cases:
             with self.subTest(want):
-                self.assertEqual(compare.machine_of(ctx), want)
+                self.assertEqual(baselines.machine_of(ctx), want)
 
 
-class MachineBaselineTest(MainTest.__bases__[0]):
+class MachineBaselineTest(MainCase):
     """Stored baselines are keyed by machine; only the same machine gates."""
-
-    setUp = MainTest.setUp
-    write = MainTest.write
-    run_main = MainTest.run_main
 
     def test_other_cpu_informs_never_fails(self):
         self.run_main("--update-baseline",
@@ -288,19 +292,10 @@ class MachineBaselineTest(MainTest.__bases__[0]):
         rc, out = self.run_main("--record-missing", slow)
         self.assertEqual(rc, 1, out)
 
-    def test_legacy_layout_counts_as_its_own_machine(self):
-        os.makedirs(os.path.join(self.baselines, "testkind"))
-        with open(os.path.join(self.baselines, "testkind", "fake_bench.json"), "w") as f:
-            json.dump(results({"BM_A/real_time": [1, 1, 1]}, cpu="AMD EPYC"), f)
-        slow = results({"BM_A/real_time": [5, 5, 5]}, cpu="AMD EPYC")
-        self.assertEqual(self.run_main(self.write("s.json", slow))[0], 1)
-        other = results({"BM_A/real_time": [5, 5, 5]}, cpu="Intel Xeon")
-        self.assertEqual(self.run_main(self.write("o.json", other))[0], 0)
-
 
 class InterleaveTest(unittest.TestCase):
     def test_abba(self):
-        self.assertEqual(compare.interleaved_order(3),
+        self.assertEqual(ab.interleaved_order(3),
                          ["base", "head", "head", "base", "base", "head"])
 
     def test_merge_runs_and_targets(self):
@@ -317,10 +312,10 @@ class InterleaveTest(unittest.TestCase):
                     {"description": "a / limit", "bytes": 8, "value": ratio, "bound": 0.9,
                      "comparison": ">=", "met": ratio >= 0.9, "benchmark": "BM_A"}]}, f)
             tpaths.append(tp)
-        merged = compare.merge_runs(paths, os.path.join(d, "m.json"))
-        _, stats = compare.load_results(merged)
+        merged = bench_results.merge_runs(paths, os.path.join(d, "m.json"))
+        _, stats = bench_results.load_results(merged)
         self.assertEqual(stats["BM_A/bytes:8/real_time"].times, [10000, 11000, 12000])
-        compare.merge_targets(tpaths, os.path.join(d, "m.targets.json"))
+        targets.merge_targets(tpaths, os.path.join(d, "m.targets.json"))
         with open(os.path.join(d, "m.targets.json")) as f:
             t = json.load(f)["targets"]
         self.assertEqual(len(t), 1)
@@ -334,20 +329,20 @@ class FakeRunsCase(unittest.TestCase):
 
     def setUp(self):
         self.dir = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
-        self.saved = {n: getattr(compare, n) for n in
-                      ("base_worktree", "build", "resolve_binary", "run_binary", "stop_bazel",
-                       "has_benchmark")}
-        compare.stop_bazel = lambda cwd: None
-        compare.has_benchmark = lambda name, cwd: True
+        self.saved = [(m, n, getattr(m, n)) for m, n in
+                      ((ab, "base_worktree"), (bazel, "build"), (bazel, "resolve_binary"),
+                       (runs, "run_binary"), (bazel, "stop_bazel"), (bazel, "has_benchmark"))]
+        bazel.stop_bazel = lambda cwd: None
+        bazel.has_benchmark = lambda name, cwd: True
         self.calls = []
-        compare.base_worktree = lambda ref, where, log: "0" * 40
-        compare.build = lambda names, cwd, log: None
-        compare.resolve_binary = lambda name, cwd=compare.TOP: os.path.join(
-            "/base" if cwd != compare.TOP else "/head", name)
+        ab.base_worktree = lambda ref, where, log: "0" * 40
+        bazel.build = lambda names, cwd, log: None
+        bazel.resolve_binary = lambda spec, cwd=paths.TOP: os.path.join(
+            "/base" if cwd != paths.TOP else "/head", spec)
 
     def tearDown(self):
-        for n, f in self.saved.items():
-            setattr(compare, n, f)
+        for m, n, f in self.saved:
+            setattr(m, n, f)
 
     baselines_dir = "none"  # under self.dir: A/B needs no stored baseline
 
@@ -356,7 +351,7 @@ class FakeRunsCase(unittest.TestCase):
         results; each call's side goes to self.calls, its repetitions to
         self.repetitions."""
         counters = {"head": 0, "base": 0}
-        self.repetitions = []
+        self.repetitions: list[int | None] = []
 
         def run(binary, args, results_dir, repetitions=None, tag=""):
             side = "base" if binary.startswith("/base") else "head"
@@ -371,7 +366,7 @@ class FakeRunsCase(unittest.TestCase):
             with open(out, "w") as f:
                 json.dump(data, f)
             return out
-        compare.run_binary = run
+        runs.run_binary = run
 
     def run_main(self, *argv):
         out = io.StringIO()
@@ -395,7 +390,7 @@ class ABTest(FakeRunsCase):
         self.assertEqual(v["mode"], "ab")
         self.assertTrue(v["gates"])
         self.assertEqual(v["slower"], ["BM_A/bytes:8/real_time"])
-        _, merged = compare.load_results(os.path.join(self.dir, "fake_bench.json"))
+        _, merged = bench_results.load_results(os.path.join(self.dir, "fake_bench.json"))
         self.assertEqual(len(merged["BM_A/bytes:8/real_time"].times), 3)
 
     def test_same_speed_passes_and_no_baseline_is_needed(self):
@@ -411,7 +406,7 @@ class ABTest(FakeRunsCase):
 
     def test_a_benchmark_the_base_lacks_runs_on_the_working_tree_as_new(self):
         self.fake_runs({"head": [10, 11, 12], "base": [1]})
-        compare.has_benchmark = lambda name, cwd: cwd == compare.TOP
+        bazel.has_benchmark = lambda name, cwd: cwd == paths.TOP
         rc, out = self.run_main("--base", "main", "--repetitions", "3", "fake_bench")
         self.assertEqual(rc, 0, out)
         self.assertEqual(self.calls, ["head", "head", "head"])
@@ -423,15 +418,15 @@ class ABTest(FakeRunsCase):
 
 class InformationalTest(unittest.TestCase):
     def test_informational_prefixes_vary_and_never_gate(self):
-        base, cur = compare.Stats("x", [10, 11, 12], []), compare.Stats("x", [30, 31, 32], [])
-        rows = [("BM_F/reread/a", base, cur, 3.0, 3.0, "SLOWER"),
-                ("BM_F/warm/a", base, cur, 3.0, 3.0, "SLOWER"),
-                ("BM_F/reread/b", cur, base, 0.3, 0.3, "faster")]
+        base, cur = bench_results.Stats("x", [10, 11, 12], []), bench_results.Stats("x", [30, 31, 32], [])
+        rows = [rule.Row("BM_F/reread/a", base, cur, 3.0, 3.0, "SLOWER"),
+                rule.Row("BM_F/warm/a", base, cur, 3.0, 3.0, "SLOWER"),
+                rule.Row("BM_F/reread/b", cur, base, 0.3, 0.3, "faster")]
         ctx = {"reloadsafe_informational": "BM_F/reread/;BM_G/"}
-        self.assertEqual(compare.parse_informational(ctx), ["BM_F/reread/", "BM_G/"])
-        got = [r[5] for r in compare.gating_verdicts(rows, True, compare.parse_informational(ctx))]
+        self.assertEqual(rule.parse_informational(ctx), ["BM_F/reread/", "BM_G/"])
+        got = [r.verdict for r in rule.gating_verdicts(rows, True, rule.parse_informational(ctx))]
         self.assertEqual(got, ["varies", "SLOWER", "varies"])
-        got = [r[5] for r in compare.gating_verdicts(rows, False, ["BM_F/reread/"])]
+        got = [r.verdict for r in rule.gating_verdicts(rows, False, ["BM_F/reread/"])]
         self.assertEqual(got, ["differs", "differs", "differs"])
 
 
@@ -447,7 +442,7 @@ class StoredBaselineRunTest(FakeRunsCase):
         self.assertEqual(rc, 0, out)
         self.assertEqual(self.repetitions, [1, 1, 1])
         recorded = os.path.join(self.dir, "baselines", "testkind", "unknown-cpu", "fake_bench.json")
-        _, stats = compare.load_results(recorded)
+        _, stats = bench_results.load_results(recorded)
         self.assertEqual(sorted(stats["BM_A/bytes:8/real_time"].times), [10000, 12000, 14000])
         # A process inside the baseline's spread of processes is not a regression...
         self.fake_runs({"head": [13, 14, 13]})

@@ -1,0 +1,111 @@
+"""Stored baselines, bench/baselines/<kind>/<machine>/<binary>.json: the
+machine's slug, finding the one to compare with, recording one, the thread
+count one was recorded with, and warnings about contexts that differ."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from .results import Context
+
+
+def slug(text: object) -> str:
+    """Lower-case words joined by '-': "AMD EPYC 7B13" -> "amd-epyc-7b13"."""
+    return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-") or "unknown"
+
+
+def machine_of(context: Context) -> str:
+    """The machine a result was measured on, below its kind: the CPU model
+    and, on x86, its family and model numbers (one name, such as "AMD EPYC",
+    covers several generations on virtual machines), as a slug, plus "__" and
+    the GPU model where the binary found one."""
+    cpu = slug(" ".join(filter(None, (context.get("cpu_model", "unknown cpu"),
+                                      context.get("cpu_id")))))
+    if context.get("gpu_driver"):  # only present when a GPU was found
+        return cpu + "__" + slug(str(context.get("gpu", "gpu")).split(" (")[0])
+    return cpu
+
+
+def describe_machine(context: Context) -> str:
+    """"<CPU model> (<cpu id>), <GPU or 'no GPU'>", for messages."""
+    gpu = context.get("gpu", "") if context.get("gpu_driver") else "no GPU"
+    cpu = context.get("cpu_model", "unknown CPU")
+    if context.get("cpu_id"):
+        cpu += f" ({context['cpu_id']})"
+    return f"{cpu}, {gpu}"
+
+
+def baseline_path(baselines: str, kind: str, machine: str, binary_name: str) -> str:
+    return os.path.join(baselines, kind, machine, binary_name + ".json")
+
+
+def machines_with(baselines: str, kind: str, binary_name: str) -> list[str]:
+    """The baselines of `binary_name` under <kind>/, one per machine, in the
+    order of the machines' names."""
+    kind_dir = os.path.join(baselines, kind)
+    if not os.path.isdir(kind_dir):
+        return []
+    paths = [baseline_path(baselines, kind, m, binary_name) for m in sorted(os.listdir(kind_dir))]
+    return [p for p in paths if os.path.isfile(p)]
+
+
+def find_baseline(baselines: str, kind: str, machine: str,
+                  binary_name: str) -> tuple[str | None, bool]:
+    """(path, same_machine) of the stored baseline to compare with: this
+    machine's, else another machine's of the same kind (for information),
+    else (None, False)."""
+    own = baseline_path(baselines, kind, machine, binary_name)
+    if os.path.exists(own):
+        return own, True
+    others = machines_with(baselines, kind, binary_name)
+    return (others[0], False) if others else (None, False)
+
+
+def recorded_threads(baselines: str, kinds: list[str], binary_name: str) -> list[str]:
+    """The OMP_NUM_THREADS each stored baseline of `binary_name` under the
+    `kinds` was recorded with (its context's omp_env), where it names one."""
+    found = []
+    for kind in kinds:
+        for path in machines_with(baselines, kind, binary_name):
+            with open(path) as f:
+                omp = json.load(f).get("context", {}).get("omp_env", "")
+            m = re.search(r"OMP_NUM_THREADS=(\d+)", omp)
+            if m:
+                found.append(m.group(1))
+    return found
+
+
+def write_baseline(results_path: str, base_file: str, merge: bool) -> None:
+    """Writes results_path as the baseline. With `merge` (a filtered run),
+    replaces only the baseline's entries for the benchmarks it ran. The
+    binary's path is kept as its name: a baseline names no machine's folders."""
+    with open(results_path) as f:
+        new = json.load(f)
+    if merge and os.path.exists(base_file):
+        with open(base_file) as f:
+            old = json.load(f)
+        names = {b.get("run_name", b["name"]) for b in new["benchmarks"]}
+        kept = [b for b in old["benchmarks"] if b.get("run_name", b["name"]) not in names]
+        new["benchmarks"] = kept + new["benchmarks"]
+    context = new.get("context", {})
+    if "executable" in context:
+        context["executable"] = os.path.basename(context["executable"])
+    os.makedirs(os.path.dirname(base_file), exist_ok=True)
+    with open(base_file, "w") as f:
+        json.dump(new, f, indent=2)
+        f.write("\n")
+
+
+def check_context(base_ctx: Context, cur_ctx: Context) -> list[str]:
+    """Warnings about results that should not be compared."""
+    warnings = []
+    if cur_ctx.get("reloadsafe_build", "opt") != "opt":
+        warnings.append(f"this run's binary is not optimised ({cur_ctx['reloadsafe_build']}): "
+                        f"build with -c opt")
+    for key in ("cpu_model", "cpu_id", "gpu", "num_cpus", "kernel", "scratch_fs", "torch_threads"):
+        b, c = base_ctx.get(key), cur_ctx.get(key)
+        if b is not None and c is not None and str(b).split(" (")[0] != str(c).split(" (")[0]:
+            warnings.append(f"{key} differs from the baseline's: {c!r} vs {b!r}")
+    return warnings
