@@ -5,7 +5,9 @@
 #
 # - Debian packages: Bazel (bazel-bootstrap, offline-capable with the shims in
 #   third_party/), GoogleTest/GoogleMock, RapidCheck, Google Benchmark,
-#   nlohmann-json, clang 14 with its libFuzzer runtime (fuzz/); and matplotlib from the Python package registry (charts).
+#   nlohmann-json, clang 14 with its libFuzzer runtime (fuzz/), clang-format 14
+#   (tools/lint.sh); and matplotlib from the Python package registry (charts).
+# - A lint environment ($CACHE/venv-lint) with ruff and mypy, pinned.
 # - A Python environment in the cache ($CACHE/venv) with torch $TORCH_VERSION
 #   (the official CUDA build), pytest and numpy from the Python package
 #   registry, and torchao and bitsandbytes (pinned, for python/tests/real).
@@ -25,7 +27,8 @@ CACHE="${RELOADSAFE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/reloadsafe}"
 VENV="$CACHE/venv"
 TOP="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 APT_PACKAGES=(bazel-bootstrap bazel-rules-java libgtest-dev libgmock-dev
-  librapidcheck-dev libbenchmark-dev nlohmann-json3-dev python3 python3-venv python3-dev clang-14 libclang-rt-14-dev)
+  librapidcheck-dev libbenchmark-dev nlohmann-json3-dev python3 python3-venv python3-dev clang-14 libclang-rt-14-dev
+  clang-format-14)
 
 say() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
@@ -176,6 +179,33 @@ install_torch_venv() {
 
 # --- end of the newest-torch block --------------------------------------------
 
+# The lint environment (tools/lint.sh): ruff and mypy, pinned, in a venv of
+# their own without torch, so lint's verdict does not depend on the torch
+# release or on what the test environments hold.
+LINT_VENV="$CACHE/venv-lint"
+LINT_PACKAGES=(ruff==0.17.6 mypy==2.4.1)
+
+lint_venv_ready() {
+  "$LINT_VENV/bin/python" - "${LINT_PACKAGES[@]}" <<'PY' 2>/dev/null
+import importlib.metadata as m, sys
+for spec in sys.argv[1:]:
+    name, version = spec.split("==")
+    if m.version(name) != version:
+        sys.exit(1)
+PY
+}
+
+install_lint_venv() {
+  if lint_venv_ready; then
+    say "lint environment: ${LINT_PACKAGES[*]} present in $LINT_VENV"
+    return
+  fi
+  say "lint environment: installing ${LINT_PACKAGES[*]} into $LINT_VENV"
+  [ -x "$LINT_VENV/bin/python" ] || python3 -m venv "$LINT_VENV" || die "python3 -m venv failed: install python3-venv"
+  "$LINT_VENV/bin/python" -m pip install -q --progress-bar on "${LINT_PACKAGES[@]}"
+  lint_venv_ready || die "the lint environment in $LINT_VENV lacks ${LINT_PACKAGES[*]} after installing"
+}
+
 write_user_bazelrc() {
   local rc="$TOP/user.bazelrc"
   local want="build --disk_cache=$CACHE/bazel-disk-cache"
@@ -194,5 +224,6 @@ install_quant_libraries "$VENV_NEWEST"
 note_old_cache
 check_libtorch_override
 install_python_packages
+install_lint_venv
 write_user_bazelrc
 say "done in $((SECONDS - start)) s (cache: $CACHE)"

@@ -23,6 +23,9 @@
 # 6. The external-repository path: tools/consumer_test.sh builds and tests
 #    conformance/harness/example_consumer, a workspace of its own that uses
 #    reloadsafe through deps.bzl and reload_harness_test. Area `consumer`.
+# 7. Lint (tools/lint.sh: clang-format, ruff, mypy) and the fast tests of the
+#    trace, the census, the capture and the utilities under AddressSanitizer
+#    and UBSan (--config=asan, its own output folders). Areas `lint`, `asan`.
 # The summary ends with the torch versions the tests recorded.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -55,6 +58,17 @@ tools/consumer_test.sh "$consumer_xml" "$@" || status=$?
 newest_results=(--testlogs "cpp-torch$newest=$testlogs_newest" --pytest-xml "python-torch$newest=$pytest_newest_xml"
   --junit "consumer=$consumer_xml")
 # --- end of 5-6 ----------------------------------------------------------------
+
+# --- 7: lint, and the fast tests under the sanitizers --------------------------
+echo "[test] lint: tools/lint.sh"
+lint_xml="$(dirname "$pytest_xml")/lint.xml"
+tools/lint.sh --junit "$lint_xml" || status=$?
+asan_targets=(//utils/... //conformance/trace/...)
+echo "[test] bazel test --config=asan ${asan_targets[*]} $*"
+bazel test --config=asan "$@" "${asan_targets[@]}" || status=$?
+testlogs_asan="$(readlink -f bazel-testlogs)"
+newest_results+=(--junit "lint=$lint_xml" --testlogs "asan=$testlogs_asan")
+# --- end of 7 -------------------------------------------------------------------
 
 tools/summarize_tests.py --pytest-xml "python=$pytest_xml" --junit "tsan=$tsan_xml" "${newest_results[@]}" "$testlogs" || status=$?
 exit $status
