@@ -152,7 +152,10 @@ TEST(DenseCopy, TakesTheBytePathOnlyWhereItIsCopyExactly) {
     // storage (a source in that storage is read from the scratch copy too).
     const auto storage_copy = [](const at::Tensor& t) {
       at::Tensor bytes = at::empty({static_cast<int64_t>(t.storage().nbytes())}, at::kByte);
-      std::memcpy(bytes.data_ptr(), t.storage().data(), t.storage().nbytes());
+      // An empty storage has no data pointer, and memcpy takes none, even for 0 bytes.
+      if (t.storage().nbytes() > 0) {
+        std::memcpy(bytes.data_ptr(), t.storage().data(), t.storage().nbytes());
+      }
       return bytes;
     };
     const at::Tensor scratch = storage_copy(dst);

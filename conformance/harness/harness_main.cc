@@ -16,7 +16,6 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
-#include <set>
 #include <string>
 
 namespace {
@@ -38,7 +37,6 @@ void print_trace(const reloadsafe::harness::Backend& backend, const c10::Device&
   options.device = device;
   options.seed = seed;
   const auto reads = captured_reads(subject, options);
-  std::set<const void*> declared, undeclared;
   std::cout << backend.name() << ": what the forward reads (captured at cold load; nested ops "
             << "indented)\n";
   std::cout << "  " << std::left << std::setw(44) << "op, argument" << std::setw(30) << "tensor"
@@ -46,11 +44,10 @@ void print_trace(const reloadsafe::harness::Backend& backend, const c10::Device&
   for (const auto& r : reads) {
     const std::string op = std::string(2 * static_cast<size_t>(r.depth), ' ') + r.op;
     std::cout << "  " << std::setw(44) << op << std::setw(30) << r.name << r.layout << "\n";
-    if (r.name == "input") continue;
-    (r.declared ? declared : undeclared).insert(r.storage);
   }
-  std::cout << "  tensors read: " << declared.size() << " declared, " << undeclared.size()
-            << " undeclared\n\n";
+  const DistinctReads distinct = distinct_reads(reads);
+  std::cout << "  tensors read: " << distinct.declared.size() << " declared, "
+            << distinct.undeclared.size() << " undeclared\n\n";
 }
 
 }  // namespace

@@ -118,31 +118,23 @@ Capture capture(ReloadSubject& subject, const at::Tensor& x) {
 // excluded), warns once for each undeclared one, and refuses a forward the
 // trace cannot see.
 void count_reads(const Capture& c, ModeReport& report) {
-  std::set<const void*> declared, undeclared;
-  for (const CapturedRead& r : c.forward->reads(*c.names)) {
-    if (r.name == "input") continue;
-    // A subclass wrapper is checked through its inner reads; a tensor without
-    // storage has nothing addressable.
-    if (r.kind == CapturedRead::Kind::kSubclass || r.kind == CapturedRead::Kind::kNoStorage)
-      continue;
-    if (r.declared) {
-      declared.insert(r.storage);
-    } else if (undeclared.insert(r.storage).second) {
-      report.warnings.push_back(Warning{
-          r.name, r.op,
-          "read but not declared (" + r.layout +
-              "); checked like a declared tensor; declare it if the forward is meant to read it"});
-    }
+  const std::vector<CapturedRead> reads = c.forward->reads(*c.names);
+  const DistinctReads distinct = distinct_reads(reads);
+  for (const CapturedRead* r : distinct.undeclared) {
+    report.warnings.push_back(Warning{
+        r->name, r->op,
+        "read but not declared (" + r->layout +
+            "); checked like a declared tensor; declare it if the forward is meant to read it"});
   }
-  report.declared_reads = static_cast<int>(declared.size());
-  report.undeclared_reads = static_cast<int>(undeclared.size());
+  report.declared_reads = static_cast<int>(distinct.declared.size());
+  report.undeclared_reads = static_cast<int>(distinct.undeclared.size());
   const size_t ops = c.forward->trace().ops().size();
   TORCH_CHECK(ops > 0,
               "the forward ran no operator on the calling thread: if it runs its ops on another "
               "thread (a thread pool, an executor, a background stream), the read trace cannot "
               "see them (it records the calling thread only); run the forward's ops on the "
               "thread that calls it while checking");
-  TORCH_CHECK(!declared.empty() || !undeclared.empty(),
+  TORCH_CHECK(!distinct.declared.empty() || !distinct.undeclared.empty(),
               "the forward reads no tensor besides its input (", ops,
               " ops traced): it must read the layer's weights through dispatcher ops; a kernel "
               "launched without the dispatcher, or ops run on another thread, are invisible to "
@@ -313,6 +305,22 @@ class ModeRun {
 };
 
 }  // namespace
+
+DistinctReads distinct_reads(const std::vector<CapturedRead>& reads) {
+  DistinctReads out;
+  std::set<const void*> declared, undeclared;
+  for (const CapturedRead& r : reads) {
+    if (r.name == "input") continue;
+    if (r.kind == CapturedRead::Kind::kSubclass || r.kind == CapturedRead::Kind::kNoStorage)
+      continue;
+    if (r.declared) {
+      if (declared.insert(r.storage).second) out.declared.push_back(&r);
+    } else if (undeclared.insert(r.storage).second) {
+      out.undeclared.push_back(&r);
+    }
+  }
+  return out;
+}
 
 BackendReport run_subject(ReloadSubject& subject, const RunOptions& options) {
   const SubjectInfo info = subject.info();

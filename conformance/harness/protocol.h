@@ -66,6 +66,16 @@ struct RunOptions {
 /// Runs the protocol for `subject` in both modes.
 BackendReport run_subject(ReloadSubject& subject, const RunOptions& options);
 
+/// How many distinct tensors and objects (by storage or identity) `reads`
+/// has from outside the forward, declared and undeclared: the input, Python
+/// subclass wrappers (checked through their inner reads) and tensors without
+/// storage are not counted.
+struct DistinctReads {
+  std::vector<const trace::CapturedRead*> declared;
+  std::vector<const trace::CapturedRead*> undeclared;  ///< the first read of each
+};
+DistinctReads distinct_reads(const std::vector<trace::CapturedRead>& reads);
+
 /// The reads of the forward as the protocol captures it: after a cold load
 /// of the checkpoint of `seed` and one warm-up forward, every external read
 /// with its op, argument, name and layout (for `reload_harness --trace`).
