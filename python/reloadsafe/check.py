@@ -237,8 +237,7 @@ class _LayerSubject(_C.ReloadSubject):
         )
 
     def cold_load(self, ckpt: Checkpoint) -> None:
-        self.live = self.new_layer()
-        self.load_and_process(self.live, ckpt)
+        self.live = self.cold_loaded(ckpt)
 
     def reload(self, mode: Any, ckpt: Checkpoint) -> None:
         assert self.live is not None
@@ -267,6 +266,7 @@ class _LayerSubject(_C.ReloadSubject):
 
     # The steps, on any layer of this subject.
     def new_layer(self) -> torch.nn.Module:
+        """A new layer on the check's device, not loaded."""
         layer = self.factory()
         if not isinstance(layer, torch.nn.Module):
             raise ReloadCheckError(
@@ -283,9 +283,18 @@ class _LayerSubject(_C.ReloadSubject):
 
     def cold_forward(self, ckpt: Checkpoint, x: torch.Tensor) -> torch.Tensor:
         """The forward on ``x`` of a cold load of ``ckpt`` into a new layer."""
-        fresh = self.new_layer()
-        self.load_and_process(fresh, ckpt)
-        return self.run_forward(fresh, x)
+        return self.run_forward(self.cold_loaded(ckpt), x)
+
+    def cold_loaded(self, ckpt: Checkpoint) -> torch.nn.Module:
+        """A new layer with ``ckpt`` loaded and post-processed, then put in
+        eval mode, as an engine's loader leaves a model: a library may take
+        another path in inference (bitsandbytes' Linear4bit repacks its
+        weight in its first eval forward on CPUs with AVX512-BF16), and a
+        training-mode forward (dropout) is not repeatable. A reload does not
+        call ``eval()`` again, as an engine's reload does not."""
+        layer = self.new_layer()
+        self.load_and_process(layer, ckpt)
+        return layer.eval()
 
     def draw_checkpoint(self, seed: int) -> Checkpoint:
         if self.user_checkpoint is None:
@@ -382,6 +391,7 @@ class _LayerSubject(_C.ReloadSubject):
             layer = self.new_layer()
             step = "load or post-processing of a cold load"
             self.load_and_process(layer, self.first_checkpoint)
+            layer.eval()  # as cold_loaded leaves it
             step = "forward"
             self.run_forward(layer, x)
             step = "load or post-processing of a reload"
@@ -457,7 +467,9 @@ def check_reload(
     ``forward(layer, x)`` (default: ``layer(x)``) on ``example_input`` (a
     tensor, or a function of a seed). Checkpoints come from
     ``make_checkpoint(seed)`` or are drawn from the fresh layer's parameters
-    (same names and layouts, new values each time).
+    (same names and layouts, new values each time). After its cold load
+    (load and post-processing) a layer is put in eval mode, as an engine's
+    loader leaves it.
 
     For each mode in ``modes`` ("normal", "direct"): a cold load, one
     warm-up forward, then the forward traced (the captured read set: every

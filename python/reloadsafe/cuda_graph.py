@@ -51,8 +51,7 @@ def graph_replay_check(subject: Any, report: Any, reloads: int, seed: int) -> No
 
 
 def _one_mode(subject: Any, report: Any, mode: str, reloads: int, seed: int) -> None:
-    layer = subject.new_layer()
-    subject.load_and_process(layer, subject.draw_checkpoint(seed))
+    layer = subject.cold_loaded(subject.draw_checkpoint(seed))
     x = subject.draw_input(seed)
     # Warm up on a side stream, as torch.cuda.graph's documentation asks.
     side = torch.cuda.Stream()

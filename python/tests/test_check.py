@@ -374,3 +374,27 @@ def test_a_cycle_made_by_a_reload_is_collected_before_memory_is_counted():
 
     report = _check(Cyclic)
     assert report.ok, report.table()
+
+
+
+class _WithDropout(torch.nn.Module):
+    """A correct layer whose forward has dropout: repeatable only in eval
+    mode, the mode an engine runs it in. Each forward notes its mode."""
+
+    modes: list[bool] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(8, 16), requires_grad=False)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _WithDropout.modes.append(self.training)
+        return self.drop(x @ self.weight.t())
+
+
+def test_layers_are_checked_in_eval_mode_as_an_engine_runs_them():
+    _WithDropout.modes.clear()
+    report = check_reload(_WithDropout, torch.randn(4, 16), reloads=2)
+    assert report.ok, report.table()
+    assert _WithDropout.modes and not any(_WithDropout.modes), _WithDropout.modes

@@ -155,6 +155,7 @@ def test_real_linear4bit_first_forward_repack_where_the_cpu_has_it():
     with torch.no_grad():
         reloadsafe.load_checkpoint(layer, ckpt)
         layer.process_weights_after_loading()
+        layer.eval()  # as an engine's loader leaves it: Linear4bit repacks only in inference
         layer(_input())
     assert rl._first_forward_repacked(layer.lin)
     assert _check(rl.BnbLinear4bitInPlace).ok
