@@ -54,15 +54,17 @@ def storage_view(
     stride: Sequence[int],
     dtype: torch.dtype,
 ) -> torch.Tensor:
-    """A ``dtype`` tensor on ``storage`` (a storage, or a tensor whose storage
-    is meant) starting ``offset`` elements of ``dtype`` into it, with the given
+    """A ``dtype`` tensor on ``storage`` (an untyped or legacy typed storage,
+    or a tensor whose storage is meant) starting ``offset`` elements of ``dtype`` into it, with the given
     ``shape`` and ``stride`` (in elements).
 
     Never moves memory; raises ``RuntimeError`` if the view would not fit the
     storage (where ``Tensor.set_`` would silently grow it).
     """
-    if isinstance(storage, (torch.Tensor, torch.TypedStorage)):
+    if isinstance(storage, torch.Tensor):
         storage = storage.untyped_storage()
+    elif isinstance(storage, torch.TypedStorage):  # the legacy tensor.storage(): its bytes
+        storage = storage.untyped()
     elif not isinstance(storage, torch.UntypedStorage):
         raise TypeError(
             f"storage_view: storage must be a torch.UntypedStorage or a tensor, got {type(storage).__name__}"

@@ -1,6 +1,8 @@
 """The C++ reference utilities on Python tensors: results are views on the
 caller's storages (no copies), errors are Python exceptions with the C++
 message."""
+import warnings
+
 import pytest
 import torch
 
@@ -37,12 +39,24 @@ def test_in_own_storage_whole_storage_takes_a_larger_tensor():
     assert base.untyped_storage().nbytes() == 32
 
 
-def test_storage_view_from_a_storage_or_a_tensor():
+def _legacy_storage(t: torch.Tensor) -> torch.TypedStorage:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # TypedStorage is deprecated, still in use
+        return t.storage()
+
+
+@pytest.mark.parametrize(
+    "source",
+    [lambda t: t.untyped_storage(), lambda t: t, _legacy_storage, lambda t: t[4:]],
+    ids=["untyped storage", "tensor", "typed storage", "view at an offset"],
+)
+def test_storage_view_from_a_storage_or_a_tensor(source):
     t = torch.arange(12, dtype=torch.float32)
-    v = reloadsafe.storage_view(t.untyped_storage(), 2, [2, 3], [3, 1], torch.float32)
-    assert v.data_ptr() == t.data_ptr() + 8
+    v = reloadsafe.storage_view(source(t), 2, [2, 3], [3, 1], torch.float32)
+    assert v.data_ptr() == t.data_ptr() + 8  # offsets count from the storage's start
     assert v.tolist() == [[2, 3, 4], [5, 6, 7]]
-    w = reloadsafe.storage_view(t, 0, [3], [1], torch.int32)
+    assert v.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+    w = reloadsafe.storage_view(source(t), 0, [3], [1], torch.int32)
     assert w.data_ptr() == t.data_ptr()
 
 
