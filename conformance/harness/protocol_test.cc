@@ -35,11 +35,19 @@ class CountingSubject : public ReloadSubject {
     w_.copy_(ckpt.at("w"));
     if (wrong_in_direct && mode == ReloadMode::kDirect) w_.add_(1.0);
   }
-  at::Tensor forward(const at::Tensor& x) override { return at::mm(x, w_.t()); }
+  at::Tensor forward(const at::Tensor& x) override {
+    at::Tensor y = at::mm(x, w_.t());
+    return scale_from_checkpoint ? at::mul(y, scale_of(w_)) : y;
+  }
   at::Tensor cold_forward(const Checkpoint& ckpt, const at::Tensor& x) override {
     ++cold_forwards;
-    return at::mm(x, ckpt.at("w").clone().t());
+    const at::Tensor w = ckpt.at("w").clone();
+    at::Tensor y = at::mm(x, w.t());
+    return scale_from_checkpoint ? at::mul(y, scale_of(w)) : y;
   }
+  // A number derived from the weights and handed to an op by value, as a
+  // Python float computed in post-processing is: a graph keeps the captured one.
+  static double scale_of(const at::Tensor& w) { return 1.0 + w.abs().max().item<double>(); }
   std::vector<NamedTensor> named_tensors() override { return {{"w", w_, true}}; }
   at::Tensor draw_input(uint64_t seed) override {
     at::Generator gen = at::detail::createCPUGenerator(seed);
@@ -49,6 +57,7 @@ class CountingSubject : public ReloadSubject {
 
   bool vary = false;
   bool wrong_in_direct = false;
+  bool scale_from_checkpoint = false;
   int rebuild_at = 0;  ///< the reload (counted over both modes) that rebuilds w
   int reloads_seen = 0;
   int draws = 0;
@@ -120,6 +129,40 @@ TEST(Protocol, AViolationCarriesTheNumberOfTheReloadAfterWhichItWasSeen) {
   EXPECT_TRUE(traced) << "the retrace's violation is numbered: " << to_table({report});
   EXPECT_TRUE(declared) << to_table({report});
   EXPECT_EQ(report.modes[1].violation_count, 0) << "the direct mode starts from a new cold load";
+}
+
+TEST(Protocol, ANumberTheGraphBakedInIsFlaggedByTheReplayAfterEveryReload) {
+  // The live forward uses each checkpoint's number and matches a cold load;
+  // only the replay, with the captured number, shows what a graph computes.
+  // A retrace handed another number is no replay of the capture (Note [A
+  // retrace that is its own replay]), so every reload's replay runs.
+  CountingSubject subject;
+  subject.scale_from_checkpoint = true;
+  const BackendReport report = run_subject(subject, options(4, true));
+  ASSERT_EQ(report.modes.size(), 2u);
+  for (const ModeReport& m : report.modes) {
+    std::vector<int> replays;
+    for (const Violation& v : m.violations) {
+      EXPECT_NE(v.tensor, "forward") << to_table({report});
+      if (v.tensor == "replay") replays.push_back(v.reload);
+    }
+    EXPECT_EQ(replays, (std::vector<int>{1, 2, 3, 4})) << to_table({report});
+  }
+}
+
+TEST(Protocol, AStaleReadIsFlaggedByTheReplayAfterEveryReload) {
+  // Rebuilt at the first reload: every later retrace differs from the
+  // capture, so the replay runs, and reads the old weight, after each.
+  CountingSubject subject;
+  subject.rebuild_at = 1;
+  RunOptions o = options(4, true);
+  o.max_listed = 1000;  // each reload lists the moved reads too
+  const BackendReport report = run_subject(subject, o);
+  std::vector<int> replays;
+  for (const Violation& v : report.modes[0].violations) {
+    if (v.tensor == "replay") replays.push_back(v.reload);
+  }
+  EXPECT_EQ(replays, (std::vector<int>{1, 2, 3, 4})) << to_table({report});
 }
 
 }  // namespace

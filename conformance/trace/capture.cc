@@ -250,4 +250,54 @@ std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
   return std::nullopt;
 }
 
+// Note [A retrace that is its own replay]
+// replay() re-runs the captured top-level ops on what the capture holds: an
+// external tensor as a tensor on the captured storage, in the captured
+// layout; a subclass tensor and an opaque object as the captured object;
+// every other argument as captured; each intermediate as the replay made
+// it. A retrace in which every op is the captured one, with every external
+// read at the captured place, every read internal where it was internal,
+// the same objects and the same other arguments, ran those very ops on the
+// same bytes with the same values: what it computed is what a replay right
+// after it computes. (Ops nested in a top-level op are the same code on the
+// same inputs; they are compared too, but their other arguments follow from
+// the top-level op's.) A harness may then take the retraced forward's
+// output as the replay's and skip re-running the ops; anything that differs
+// (a moved tensor, a rebuilt Python float handed as a scalar, a replaced
+// subclass wrapper whose attributes changed) makes replays_as() false, and
+// the replay runs.
+bool CapturedForward::replays_as(const ReadTrace& retrace) const {
+  const auto& before = trace_->ops();
+  const auto& after = retrace.ops();
+  if (before.size() != after.size()) return false;
+  for (size_t i = 0; i < before.size(); ++i) {
+    const OpCall& a = before[i];
+    const OpCall& b = after[i];
+    if (a.name != b.name || a.depth != b.depth || a.reads.size() != b.reads.size() ||
+        a.objects.size() != b.objects.size()) {
+      return false;
+    }
+    if (a.depth == 0 &&
+        !(a.constants_known && b.constants_known && a.constants == b.constants)) {
+      return false;
+    }
+    for (size_t j = 0; j < a.objects.size(); ++j) {
+      if (a.objects[j].identity != b.objects[j].identity ||
+          a.objects[j].payload != b.objects[j].payload) {
+        return false;
+      }
+    }
+    for (size_t j = 0; j < a.reads.size(); ++j) {
+      const TensorRead& ra = a.reads[j];
+      const TensorRead& rb = b.reads[j];
+      if (ra.external != rb.external || ra.subclass != rb.subclass ||
+          ra.has_storage != rb.has_storage || ra.arg != rb.arg || ra.element != rb.element) {
+        return false;
+      }
+      if (ra.external && ra.has_storage && !ra.same_place(rb)) return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace reloadsafe::trace

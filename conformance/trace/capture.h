@@ -147,6 +147,15 @@ class CapturedForward {
   /// the replayed output, or nothing with the reason in `why`.
   std::optional<at::Tensor> replay(std::string* why) const;
 
+  /// Whether `retrace` made exactly the captured calls (Note [A retrace that
+  /// is its own replay] in capture.cc): the same ops in the same order and
+  /// depth, every tensor argument external where it was and, if so, at the
+  /// captured place, the same opaque objects, and every other argument
+  /// equal by its fingerprint, known for each top-level op. The replay then
+  /// runs the same ops on the same bytes with the same values as the
+  /// retraced forward did, so its result is that forward's.
+  bool replays_as(const ReadTrace& retrace) const;
+
  private:
   std::unique_ptr<ReadTrace> trace_;
   at::Tensor output_;

@@ -5,7 +5,11 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <functional>
+#include <optional>
 #include <set>
+#include <string>
+#include <vector>
 
 namespace reloadsafe::trace {
 namespace {
@@ -192,6 +196,96 @@ TEST(TensorNames, LabelsWholeTensorsViewsUndeclaredAndUnknownReads) {
   }
   EXPECT_EQ(labels,
             (std::vector<std::string>{"w", "w (view)", "s (undeclared)", "undeclared tensor"}));
+}
+
+}  // namespace
+}  // namespace reloadsafe::trace
+
+namespace reloadsafe::trace {
+namespace {
+
+// What a layer may change between a capture and a retrace, and whether the
+// retrace then made exactly the captured calls (Note [A retrace that is its
+// own replay]). Where it did, the replay computes what the retrace did;
+// where it did not, the row says whether the replay shows it.
+struct ScaledLinear {
+  at::Tensor w = at::randn({8, 4});
+  double scale = 0.5;    // handed to the op as a number, as a Python float is
+  at::Tensor bias_word;  // a wrapped number, as `y + 0.25` from Python makes
+  ScaledLinear() : bias_word(at::scalar_tensor(0.25, at::kDouble)) {
+    bias_word.unsafeGetTensorImpl()->set_wrapped_number(true);
+  }
+  at::Tensor forward(const at::Tensor& x) const {
+    return at::add(at::mul(at::mm(x, w.t()), scale), bias_word);
+  }
+};
+
+struct ReplaysAsRow {
+  const char* change;
+  std::function<void(ScaledLinear&)> apply;
+  bool replays_as;
+};
+
+TEST(CapturedForward, ReplaysAsHoldsExactlyWhenTheRetraceMadeTheCapturedCalls) {
+  const std::vector<ReplaysAsRow> rows = {
+      {"nothing", [](ScaledLinear&) {}, true},
+      {"weight refilled in place", [](ScaledLinear& l) { l.w.copy_(at::randn({8, 4})); }, true},
+      {"weight rebuilt", [](ScaledLinear& l) { l.w = at::randn({8, 4}); }, false},
+      {"weight transposed in its storage", [](ScaledLinear& l) { l.w = l.w.view({4, 8}).t(); },
+       false},
+      {"scale number changed", [](ScaledLinear& l) { l.scale = 2.0; }, false},
+      {"wrapped number changed",
+       [](ScaledLinear& l) {
+         l.bias_word = at::scalar_tensor(1.0, at::kDouble);
+         l.bias_word.unsafeGetTensorImpl()->set_wrapped_number(true);
+       },
+       false},
+  };
+  for (const ReplaysAsRow& row : rows) {
+    SCOPED_TRACE(row.change);
+    ScaledLinear layer;
+    const at::Tensor x = at::randn({2, 4});
+    CapturedForward capture([&] { return layer.forward(x); });
+    row.apply(layer);
+    ReadTrace retrace;
+    const at::Tensor out = layer.forward(x);
+    retrace.stop();
+    EXPECT_EQ(capture.replays_as(retrace), row.replays_as);
+    std::string why;
+    const std::optional<at::Tensor> replayed = capture.replay(&why);
+    ASSERT_TRUE(replayed.has_value()) << why;
+    if (row.replays_as) {
+      EXPECT_TRUE(at::equal(*replayed, out)) << "the replay computes what the retrace did";
+    } else {
+      // Each change the retrace shows is one a replay computes stale.
+      EXPECT_FALSE(at::allclose(*replayed, out));
+    }
+  }
+}
+
+TEST(CapturedForward, ReplaysAsIsFalseForAnotherOpSequenceOrObject) {
+  const at::Tensor x = at::randn({2, 4});
+  const at::Tensor w = at::randn({8, 4});
+  CapturedForward capture([&] { return at::mm(x, w.t()); });
+  {
+    ReadTrace retrace;
+    at::relu(at::mm(x, w.t()));
+    retrace.stop();
+    EXPECT_FALSE(capture.replays_as(retrace)) << "one op more";
+  }
+  c10::IValue kernel(c10::make_intrusive<Packed>(w));
+  CapturedForward packed([&] { return packed_mm(x, kernel); });
+  {
+    ReadTrace retrace;
+    packed_mm(x, kernel);
+    retrace.stop();
+    EXPECT_TRUE(packed.replays_as(retrace)) << "the same object";
+  }
+  const c10::IValue repacked(c10::make_intrusive<Packed>(w));
+  ReadTrace retrace;
+  packed_mm(x, repacked);
+  retrace.stop();
+  EXPECT_FALSE(packed.replays_as(retrace)) << "a new object on the same weight";
 }
 
 }  // namespace

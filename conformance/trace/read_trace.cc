@@ -26,8 +26,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <sstream>
+#include <string_view>
 
 namespace reloadsafe::trace {
 namespace {
@@ -61,6 +63,89 @@ const std::string& op_name(const c10::FunctionSchema& schema) {
   }
   return cached;
 }
+
+// Note [The other arguments' fingerprint]
+// A graph bakes in more than addresses: the numbers, shapes and flags an op
+// is launched with. Each recorded op gets a 64-bit FNV-1a fingerprint of
+// every argument that is not a tensor read or an opaque object, so that a
+// capture and a retrace can tell whether the same op was handed the same
+// values. Each value is hashed with a tag of its kind, so 1 and 1.0 and
+// true differ; a double by its bits (-0.0 and 0.0 differ: never equal when
+// unsure). A tensor counts by what is not a read: a wrapped number by its
+// dtype and value, a Python subclass tensor by its identity (the capture
+// holds that very object), a plain tensor by its presence only (its place
+// is compared as a read). A value of a kind not listed makes the op's
+// fingerprint unknown.
+class Fingerprint {
+ public:
+  uint64_t value() const { return hash_; }
+
+  /// Adds `v`; false if it is of a kind that has no fingerprint.
+  bool add(const c10::IValue& v) {
+    if (v.isNone()) return word(1);
+    if (v.isBool()) return word(2) && word(v.toBool());
+    if (v.isInt()) return word(3) && word(static_cast<uint64_t>(v.toInt()));
+    if (v.isDouble()) return word(4) && real(v.toDouble());
+    if (v.isComplexDouble()) {
+      const c10::complex<double> c = v.toComplexDouble();
+      return word(5) && real(c.real()) && real(c.imag());
+    }
+    if (v.isString()) return word(6) && word(std::hash<std::string_view>{}(v.toStringView()));
+    if (v.isDevice()) {
+      const c10::Device d = v.toDevice();
+      return word(7) && word(static_cast<uint64_t>(d.type())) && word(d.index());
+    }
+    if (v.isSymInt()) {
+      const auto i = v.toSymInt().maybe_as_int();
+      return i.has_value() && word(3) && word(static_cast<uint64_t>(*i));
+    }
+    if (v.isTensor()) return tensor(v.toTensor());
+    if (v.isObject()) return word(8);  // compared as an ObjectRead
+    if (v.isTuple()) return sequence(9, v.toTupleRef().elements());
+    if (v.isList()) return sequence(10, v.toListRef());
+    return false;
+  }
+
+ private:
+  bool word(uint64_t w) {
+    for (int i = 0; i < 8; ++i) {
+      hash_ ^= (w >> (8 * i)) & 0xff;
+      hash_ *= 0x100000001b3ULL;
+    }
+    return true;
+  }
+  bool real(double d) {
+    uint64_t bits = 0;
+    std::memcpy(&bits, &d, sizeof bits);
+    return word(bits);
+  }
+  template <typename Values>
+  bool sequence(uint64_t tag, const Values& values) {
+    word(tag);
+    word(values.size());
+    for (const c10::IValue& e : values) {
+      if (!add(e)) return false;
+    }
+    return true;
+  }
+  bool tensor(const at::Tensor& t) {
+    if (!t.defined()) return word(11);
+    if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+      // A 0-dim CPU scalar of a double, an int64, a bool or a complex.
+      word(12);
+      word(static_cast<uint64_t>(t.scalar_type()));
+      const auto* bytes = static_cast<const unsigned char*>(t.const_data_ptr());
+      for (int64_t i = 0; i < t.element_size(); ++i) word(bytes[i]);
+      return true;
+    }
+    if (dispatches_in_python(t)) {
+      return word(13) && word(reinterpret_cast<uintptr_t>(t.unsafeGetTensorImpl()));
+    }
+    return word(14);
+  }
+
+  uint64_t hash_ = 0xcbf29ce484222325ULL;
+};
 
 void trace_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                     torch::jit::Stack* stack) {
@@ -373,9 +458,12 @@ void ReadTrace::begin_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVa
   call.name = op_name(schema);
   call.depth = depth_;
   call.reads.reserve(num_args);
+  Fingerprint constants;
+  call.constants_known = num_args > 0 || schema.arguments().empty();
   for (size_t i = 0; i < num_args; ++i) {
     const c10::IValue& v = args[first + i];
     const c10::Argument& a = schema.arguments()[i];
+    if (call.constants_known) call.constants_known = constants.add(v);
     for_each_in_argument(
         v,
         [&](const at::Tensor& t, int element) {
@@ -389,6 +477,7 @@ void ReadTrace::begin_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVa
     for (size_t i = first; i < args.size(); ++i)
       progress.held_inputs.push_back(hold_as_captured(args[i]));
   }
+  call.constants = constants.value();
   progress.recorded = true;
   progress.op_index = ops_.size();
   ops_.push_back(std::move(call));
