@@ -277,8 +277,7 @@ bool CapturedForward::replays_as(const ReadTrace& retrace) const {
         a.objects.size() != b.objects.size()) {
       return false;
     }
-    if (a.depth == 0 &&
-        !(a.constants_known && b.constants_known && a.constants == b.constants)) {
+    if (a.depth == 0 && !(a.constants_known && b.constants_known && a.constants == b.constants)) {
       return false;
     }
     for (size_t j = 0; j < a.objects.size(); ++j) {

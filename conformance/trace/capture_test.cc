@@ -229,9 +229,20 @@ struct ReplaysAsRow {
 TEST(CapturedForward, ReplaysAsHoldsExactlyWhenTheRetraceMadeTheCapturedCalls) {
   const std::vector<ReplaysAsRow> rows = {
       {"nothing", [](ScaledLinear&) {}, true},
-      {"weight refilled in place", [](ScaledLinear& l) { l.w.copy_(at::randn({8, 4})); }, true},
-      {"weight rebuilt", [](ScaledLinear& l) { l.w = at::randn({8, 4}); }, false},
-      {"weight transposed in its storage", [](ScaledLinear& l) { l.w = l.w.view({4, 8}).t(); },
+      {"weight refilled in place",
+       [](ScaledLinear& l) {
+         l.w.copy_(at::randn({8, 4}));
+       },
+       true},
+      {"weight rebuilt",
+       [](ScaledLinear& l) {
+         l.w = at::randn({8, 4});
+       },
+       false},
+      {"weight transposed in its storage",
+       [](ScaledLinear& l) {
+         l.w = l.w.view({4, 8}).t();
+       },
        false},
       {"scale number changed", [](ScaledLinear& l) { l.scale = 2.0; }, false},
       {"wrapped number changed",
