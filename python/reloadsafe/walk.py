@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import types
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +64,7 @@ class NamedTensor:
     """One tensor reachable from a module.
 
     ``kind`` says how it is held: ``"parameter"``, ``"buffer"`` (both
-    ``declared``), ``"attribute"`` (a plain tensor attribute of a module),
+    ``registered``), ``"attribute"`` (a plain tensor attribute of a module),
     ``"container"`` (inside a list, tuple, set or dict), ``"partial"`` (an
     argument of a ``functools.partial``), ``"closure"`` (a closure cell or
     default of a function) or ``"object"`` (an attribute of a plain object).
@@ -75,9 +76,21 @@ class NamedTensor:
     kind: str
 
     @property
-    def declared(self) -> bool:
-        """Whether the module declares it: a parameter or a buffer."""
+    def registered(self) -> bool:
+        """Whether the module registers it: a parameter or a buffer."""
         return self.kind in ("parameter", "buffer")
+
+    @property
+    def declared(self) -> bool:
+        """Deprecated: ``registered``. (In the harness a *declared* tensor is
+        one the check holds to its address, whatever its kind.)"""
+        warnings.warn(
+            "NamedTensor.declared is deprecated: use NamedTensor.registered (a parameter or a "
+            "buffer); check_reload declares every reachable tensor not named in undeclared=",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.registered
 
 
 @dataclass(frozen=True)

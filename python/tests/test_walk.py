@@ -101,7 +101,9 @@ def test_every_holder_is_found_with_its_kind_and_a_name_that_reaches_it():
 
 def test_declared_is_parameters_and_buffers():
     found = _names(_layer())
-    assert {n for n, nt in found.items() if nt.declared} == {"weight", "perm", "inner.weight", "inner.bias"}
+    assert {n for n, nt in found.items() if nt.registered} == {"weight", "perm", "inner.weight", "inner.bias"}
+    with pytest.deprecated_call(match="registered"):
+        assert found["weight"].declared  # the old word, kept for a while
 
 
 def test_a_tensor_held_twice_is_reported_once_under_its_declared_name():
