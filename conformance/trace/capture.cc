@@ -21,13 +21,25 @@ bool is_random(const std::string& op) {
                      [&](const char* s) { return op.find(s) != std::string::npos; });
 }
 
+// Whether a retraced call (`b`) is the captured one (`a`) in shape: the
+// same op at the same depth, with as many reads and objects.
+bool same_op(const OpCall& a, const OpCall& b) {
+  return a.name == b.name && a.depth == b.depth && a.reads.size() == b.reads.size() &&
+         a.objects.size() == b.objects.size();
+}
+
+// The same object holding the same C++ instance.
+bool same_object(const ObjectRead& a, const ObjectRead& b) {
+  return a.identity == b.identity && a.payload == b.payload;
+}
+
 // The objects of one op, captured (`a`) and retraced (`b`).
 void compare_objects(const OpCall& a, const OpCall& b, const TensorNames& names,
                      std::vector<ReadChange>& out) {
   for (size_t j = 0; j < a.objects.size(); ++j) {
     const ObjectRead& oa = a.objects[j];
     const ObjectRead& ob = b.objects[j];
-    if (oa.identity == ob.identity && oa.payload == ob.payload) continue;
+    if (same_object(oa, ob)) continue;
     // A kernel object re-made (or its C++ instance swapped in place): what
     // it packed at capture is gone, whatever its tensors say.
     out.push_back(ReadChange{
@@ -165,8 +177,7 @@ std::vector<ReadChange> CapturedForward::compare(const ReadTrace& retrace,
   for (size_t i = 0; i < common; ++i) {
     const OpCall& a = before[i];
     const OpCall& b = after[i];
-    if (a.name != b.name || a.depth != b.depth || a.reads.size() != b.reads.size() ||
-        a.objects.size() != b.objects.size()) {
+    if (!same_op(a, b)) {
       // A graph replays the captured sequence: from here on nothing lines up.
       out.push_back(ReadChange{"op sequence", "op " + std::to_string(i) + " changed",
                                a.name + " (depth " + std::to_string(a.depth) + ")",
@@ -273,18 +284,12 @@ bool CapturedForward::replays_as(const ReadTrace& retrace) const {
   for (size_t i = 0; i < before.size(); ++i) {
     const OpCall& a = before[i];
     const OpCall& b = after[i];
-    if (a.name != b.name || a.depth != b.depth || a.reads.size() != b.reads.size() ||
-        a.objects.size() != b.objects.size()) {
-      return false;
-    }
+    if (!same_op(a, b)) return false;
     if (a.depth == 0 && !(a.constants_known && b.constants_known && a.constants == b.constants)) {
       return false;
     }
     for (size_t j = 0; j < a.objects.size(); ++j) {
-      if (a.objects[j].identity != b.objects[j].identity ||
-          a.objects[j].payload != b.objects[j].payload) {
-        return false;
-      }
+      if (!same_object(a.objects[j], b.objects[j])) return false;
     }
     for (size_t j = 0; j < a.reads.size(); ++j) {
       const TensorRead& ra = a.reads[j];

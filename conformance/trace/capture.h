@@ -15,6 +15,8 @@
 //  - replay(): what do the captured ops compute from the held tensors now?
 //    After a reload that moved a tensor, the held copy is the stale one, so
 //    the result differs from a fresh load: the evidence a GPU replay gives.
+//  - replays_as(): did the retrace make exactly the captured calls, so that
+//    a replay would compute what the retraced forward just did?
 //
 // Invariant: a CapturedForward never changes the tensors it holds except
 // through the captured ops themselves (in-place ops write where they wrote at

@@ -66,8 +66,9 @@ const std::string& op_name(const c10::FunctionSchema& schema) {
 
 // Note [The other arguments' fingerprint]
 // A graph bakes in more than addresses: the numbers, shapes and flags an op
-// is launched with. Each recorded op gets a 64-bit FNV-1a fingerprint of
-// every argument that is not a tensor read or an opaque object, so that a
+// is launched with. Each top-level op gets a 64-bit FNV-1a fingerprint of
+// every argument that is not a tensor read or an opaque object (a nested
+// op's follow from its top-level op's, and are not computed), so that a
 // capture and a retrace can tell whether the same op was handed the same
 // values. Each value is hashed with a tag of its kind, so 1 and 1.0 and
 // true differ; a double by its bits (-0.0 and 0.0 differ: never equal when
@@ -459,7 +460,7 @@ void ReadTrace::begin_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVa
   call.depth = depth_;
   call.reads.reserve(num_args);
   Fingerprint constants;
-  call.constants_known = num_args > 0 || schema.arguments().empty();
+  call.constants_known = depth_ == 0 && (num_args > 0 || schema.arguments().empty());
   for (size_t i = 0; i < num_args; ++i) {
     const c10::IValue& v = args[first + i];
     const c10::Argument& a = schema.arguments()[i];
@@ -477,7 +478,7 @@ void ReadTrace::begin_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVa
     for (size_t i = first; i < args.size(); ++i)
       progress.held_inputs.push_back(hold_as_captured(args[i]));
   }
-  call.constants = constants.value();
+  if (call.constants_known) call.constants = constants.value();
   progress.recorded = true;
   progress.op_index = ops_.size();
   ops_.push_back(std::move(call));

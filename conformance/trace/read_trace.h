@@ -172,16 +172,17 @@ struct OpCall {
   int depth = 0;     ///< 0: called by the traced code; n: called inside a depth n-1 op
   std::vector<TensorRead> reads;
   std::vector<ObjectRead> objects;  ///< opaque objects among the arguments
-  /// A fingerprint of the op's other arguments (Note [The other arguments'
-  /// fingerprint] in read_trace.cc): numbers, shapes, flags, strings and
-  /// devices by value, a wrapped number (`x * 0.5` from Python) by its
-  /// value, a Python subclass tensor by its identity. Two calls whose
-  /// fingerprints are equal were handed equal values.
+  /// For a top-level op (depth 0), a fingerprint of its other arguments
+  /// (Note [The other arguments' fingerprint] in read_trace.cc): numbers,
+  /// shapes, flags, strings and devices by value, a wrapped number (`x *
+  /// 0.5` from Python) by its value, a Python subclass tensor by its
+  /// identity. Two calls whose fingerprints are equal were handed equal
+  /// values.
   uint64_t constants = 0;
-  /// False when an argument has no fingerprint (a generator, a Python
-  /// object, an op recorded without its arguments): then no two calls'
-  /// other arguments count as equal.
-  bool constants_known = true;
+  /// False for a nested op, and when an argument has no fingerprint (a
+  /// generator, a Python object, an op recorded without its arguments):
+  /// then no two calls' other arguments count as equal.
+  bool constants_known = false;
 };
 
 /// The boxed arguments and results of a depth-0 op, held as a capture holds

@@ -55,8 +55,8 @@ def storage_view(
     dtype: torch.dtype,
 ) -> torch.Tensor:
     """A ``dtype`` tensor on ``storage`` (an untyped or legacy typed storage,
-    or a tensor whose storage is meant) starting ``offset`` elements of ``dtype`` into it, with the given
-    ``shape`` and ``stride`` (in elements).
+    or a tensor whose storage is meant) starting ``offset`` elements of
+    ``dtype`` into it, with the given ``shape`` and ``stride`` (in elements).
 
     Never moves memory; raises ``RuntimeError`` if the view would not fit the
     storage (where ``Tensor.set_`` would silently grow it).
@@ -67,7 +67,8 @@ def storage_view(
         storage = storage.untyped()
     elif not isinstance(storage, torch.UntypedStorage):
         raise TypeError(
-            f"storage_view: storage must be a torch.UntypedStorage or a tensor, got {type(storage).__name__}"
+            "storage_view: storage must be a torch.UntypedStorage or a tensor (or a legacy "
+            f"TypedStorage), got {type(storage).__name__}"
         )
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"storage_view: dtype must be a torch.dtype, got {type(dtype).__name__}")

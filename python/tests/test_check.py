@@ -376,7 +376,6 @@ def test_a_cycle_made_by_a_reload_is_collected_before_memory_is_counted():
     assert report.ok, report.table()
 
 
-
 class _WithDropout(torch.nn.Module):
     """A correct layer whose forward has dropout: repeatable only in eval
     mode, the mode an engine runs it in. Each forward notes its mode."""
