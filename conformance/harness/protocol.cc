@@ -345,6 +345,10 @@ BackendReport run_subject(ReloadSubject& subject, const RunOptions& options) {
   report.description = info.description;
   report.negative_control = info.negative_control;
   report.expected_violation = info.expected_violation;
+  // Large CPU blocks freed by one step are reused by the next (Note [Reusing
+  // freed blocks]), across both modes.
+  std::optional<trace::ReuseCache> reuse;
+  if (options.device.is_cpu()) reuse.emplace();
   ColdLoadOutputs cold_loads(/*keep=*/options.device.is_cpu());
   for (ReloadMode mode : {ReloadMode::kNormal, ReloadMode::kDirect}) {
     report.modes.push_back(ModeRun(subject, info, mode, options, cold_loads).run());

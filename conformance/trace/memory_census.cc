@@ -8,8 +8,10 @@
 #include <atomic>
 #include <cstring>
 #include <deque>
+#include <iterator>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -22,6 +24,14 @@ struct FreedBlock {
   void* data;
   size_t n;
   c10::DeleterFnPtr deleter;
+};
+
+// The reuse cache's contents, oldest first; guarded by the allocator's mutex.
+struct ReuseState {
+  size_t max_bytes = 0;
+  size_t bytes = 0;
+  size_t reused = 0;
+  std::vector<FreedBlock> blocks;
 };
 
 // The quarantine's contents; guarded by the allocator's mutex.
@@ -41,6 +51,14 @@ struct QuarantineState {
 class CountingCpuAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t n) override {
+    if (n >= ReuseCache::kMinBlockBytes) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (std::optional<FreedBlock> b = take_cached(n)) {
+        register_live(b->data, n, b->deleter);
+        return c10::DataPtr(b->data, b->data, &CountingCpuAllocator::release,
+                            c10::Device(c10::DeviceType::CPU));
+      }
+    }
     c10::Allocator* base = base_.load();
     c10::DataPtr inner = base->allocate(n);
     void* data = inner.get();
@@ -50,14 +68,8 @@ class CountingCpuAllocator final : public c10::Allocator {
     inner.release_context();
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      // A block freed behind the census's back (through a deleter taken
-      // before it was installed) leaves a stale entry at an address the
-      // allocator may hand out again: the new block replaces it.
-      auto [it, fresh] = live_.try_emplace(data, Block{n, deleter, 0});
-      if (!fresh) bytes_ -= static_cast<int64_t>(it->second.n);
-      it->second = Block{n, deleter, ++epoch_};
+      register_live(data, n, deleter);
     }
-    bytes_ += static_cast<int64_t>(n);
     return c10::DataPtr(data, data, &CountingCpuAllocator::release, device);
   }
 
@@ -97,13 +109,40 @@ class CountingCpuAllocator final : public c10::Allocator {
     quarantine_ = std::make_unique<QuarantineState>();
     quarantine_->max_bytes = max_bytes;
   }
-  std::deque<FreedBlock> close_quarantine() {
+  // Ends the quarantine; returns the blocks to free (those the reuse cache
+  // did not take).
+  std::vector<FreedBlock> close_quarantine() {
     std::lock_guard<std::mutex> lock(mutex_);
-    std::deque<FreedBlock> out;
-    if (quarantine_ != nullptr) out = std::move(quarantine_->blocks);
+    std::vector<FreedBlock> to_free;
+    if (quarantine_ != nullptr) {
+      for (const FreedBlock& b : quarantine_->blocks) retire(b, to_free);
+    }
     quarantine_.reset();
+    return to_free;
+  }
+  // Reuse cache control; see Note [Reusing freed blocks].
+  void open_reuse(size_t max_bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(
+        reuse_ == nullptr,
+        "a reloadsafe ReuseCache already exists: one check at a time keeps freed blocks for "
+        "reuse; end the first check before starting another");
+    reuse_ = std::make_unique<ReuseState>();
+    reuse_->max_bytes = max_bytes;
+  }
+  std::vector<FreedBlock> close_reuse() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<FreedBlock> out;
+    if (reuse_ != nullptr) out = std::move(reuse_->blocks);
+    reuse_.reset();
     return out;
   }
+  template <typename F>
+  auto with_reuse(F f) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return f(reuse_.get());
+  }
+
   void capture(int delta) {
     std::lock_guard<std::mutex> lock(mutex_);
     capturing_ += delta;
@@ -127,6 +166,52 @@ class CountingCpuAllocator final : public c10::Allocator {
   };
 
   CountingCpuAllocator() = default;
+
+  // Counts the block at `data` as live, with the next epoch. Needs mutex_.
+  void register_live(void* data, size_t n, c10::DeleterFnPtr deleter) {
+    // A block freed behind the census's back (through a deleter taken
+    // before it was installed) leaves a stale entry at an address the
+    // allocator may hand out again: the new block replaces it.
+    auto [it, fresh] = live_.try_emplace(data, Block{n, deleter, 0});
+    if (!fresh) bytes_ -= static_cast<int64_t>(it->second.n);
+    it->second = Block{n, deleter, ++epoch_};
+    bytes_ += static_cast<int64_t>(n);
+  }
+
+  // A block nobody holds any more (freed outside a reload, or let go by the
+  // quarantine): into the reuse cache if there is one and it fits, else onto
+  // `to_free`, with whatever the cache evicts to stay within its limit.
+  // Needs mutex_.
+  void retire(const FreedBlock& b, std::vector<FreedBlock>& to_free) {
+    ReuseState* c = reuse_.get();
+    if (c == nullptr || b.n < ReuseCache::kMinBlockBytes || b.n > c->max_bytes) {
+      to_free.push_back(b);
+      return;
+    }
+    c->blocks.push_back(b);
+    c->bytes += b.n;
+    while (c->bytes > c->max_bytes) {
+      to_free.push_back(c->blocks.front());
+      c->bytes -= c->blocks.front().n;
+      c->blocks.erase(c->blocks.begin());
+    }
+  }
+
+  // The most recently cached block of exactly `n` bytes, taken out of the
+  // reuse cache, or nothing. Needs mutex_.
+  std::optional<FreedBlock> take_cached(size_t n) {
+    if (reuse_ == nullptr) return std::nullopt;
+    std::vector<FreedBlock>& blocks = reuse_->blocks;
+    for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
+      if (it->n != n) continue;
+      const FreedBlock b = *it;
+      blocks.erase(std::next(it).base());
+      reuse_->bytes -= n;
+      ++reuse_->reused;
+      return b;
+    }
+    return std::nullopt;
+  }
 
   // The deleter of every block the census hands out. Never throws: see the
   // invariants in the header.
@@ -152,13 +237,13 @@ class CountingCpuAllocator final : public c10::Allocator {
           q->blocks.push_back(FreedBlock{data, block.n, block.deleter});
           q->bytes += block.n;
           while (q->bytes > q->max_bytes) {
-            to_free.push_back(q->blocks.front());
+            self.retire(q->blocks.front(), to_free);
             q->bytes -= q->blocks.front().n;
             q->blocks.pop_front();
             ++q->evicted;
           }
         } else {
-          to_free.push_back(FreedBlock{data, block.n, block.deleter});
+          self.retire(FreedBlock{data, block.n, block.deleter}, to_free);
         }
       }
     }
@@ -172,6 +257,7 @@ class CountingCpuAllocator final : public c10::Allocator {
   uint64_t epoch_ = 0;  // guarded by mutex_
   std::unordered_map<void*, Block> live_;
   std::unique_ptr<QuarantineState> quarantine_;  // guarded by mutex_
+  std::unique_ptr<ReuseState> reuse_;            // guarded by mutex_
   int capturing_ = 0;                            // guarded by mutex_
 };
 
@@ -275,6 +361,29 @@ size_t Quarantine::held_blocks() const {
 size_t Quarantine::evicted_blocks() const {
   return CountingCpuAllocator::instance().with_quarantine(
       [](QuarantineState* q) { return q ? q->evicted : size_t{0}; });
+}
+
+ReuseCache::ReuseCache(size_t max_bytes) {
+  CountingCpuAllocator::instance().open_reuse(max_bytes);
+}
+
+ReuseCache::~ReuseCache() {
+  for (const FreedBlock& b : CountingCpuAllocator::instance().close_reuse()) b.deleter(b.data);
+}
+
+size_t ReuseCache::held_bytes() const {
+  return CountingCpuAllocator::instance().with_reuse(
+      [](ReuseState* c) { return c ? c->bytes : size_t{0}; });
+}
+
+size_t ReuseCache::held_blocks() const {
+  return CountingCpuAllocator::instance().with_reuse(
+      [](ReuseState* c) { return c ? c->blocks.size() : size_t{0}; });
+}
+
+size_t ReuseCache::reused_blocks() const {
+  return CountingCpuAllocator::instance().with_reuse(
+      [](ReuseState* c) { return c ? c->reused : size_t{0}; });
 }
 
 Quarantine::Capturing::Capturing(Quarantine& /*quarantine*/) {

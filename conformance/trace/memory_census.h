@@ -18,8 +18,10 @@
 // the read trace whether a storage was allocated before or inside its scope.
 //
 // Invariants:
-//  - the counting allocator hands out exactly what the allocator it wraps
-//    hands out, at the same addresses; it only adds bookkeeping;
+//  - the counting allocator hands out blocks of the allocator it wraps, at
+//    the addresses that allocator chose: a new one, or, while a ReuseCache
+//    is alive, one of the same size freed earlier outside any reload (Note
+//    [Reusing freed blocks]); it never resizes or moves a block;
 //  - when the last CpuCensusScope ends, the CPU allocator is again the one
 //    that was installed before the first began (unless someone else replaced
 //    it in between, which is then left alone);
@@ -42,6 +44,23 @@
 // not count as live tensor bytes. CUDA: the caching allocator offers no hook
 // to keep a freed block from reuse, so the quarantine is CPU-only; on CUDA
 // the graph replay (python/reloadsafe/cuda_graph.py) catches such reads.
+//
+// Note [Reusing freed blocks]
+// A check runs the layer's post-processing and forward dozens of times with
+// the same shapes. glibc maps every block of 32 MiB or more fresh and unmaps
+// it when freed, so each of those runs pays a page fault for every 4 KiB it
+// touches, which at 4096 x 4096 costs about as much as the arithmetic. While
+// a ReuseCache is alive, a block of at least kMinBlockBytes that nobody holds
+// any more is kept as it is and handed back for the next allocation of
+// exactly its size, instead of going back to the wrapped allocator. "Nobody
+// holds": freed outside every Quarantine::Capturing, or let go by the
+// quarantine (beyond its limit, or when it ends). A block freed inside a
+// reload is therefore never reused while the quarantine holds it: a kernel
+// that kept a pointer into it still reads poison, and a reload that moved a
+// tensor cannot be handed the old address back; once the quarantine lets go
+// of it, the cache may reuse it, as the wrapped allocator would have. A fresh
+// tensor over a reused block holds its old bytes, as a reused heap block
+// does, not zeros.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -112,6 +131,30 @@ class Quarantine {
     Capturing(const Capturing&) = delete;
     Capturing& operator=(const Capturing&) = delete;
   };
+};
+
+/// Keeps CPU blocks freed outside a reload for reuse by allocations of the
+/// same size (see Note [Reusing freed blocks]) while alive; frees them when
+/// destroyed. At most one ReuseCache exists at a time; creating a second is a
+/// caller's error. Beyond `max_bytes`, the oldest cached blocks are freed.
+class ReuseCache {
+ public:
+  /// Smaller blocks are left to the wrapped allocator, whose heap reuses
+  /// them already.
+  static constexpr size_t kMinBlockBytes = size_t{1} << 20;    // 1 MiB
+  static constexpr size_t kDefaultMaxBytes = size_t{1} << 30;  // 1 GiB
+
+  explicit ReuseCache(size_t max_bytes = kDefaultMaxBytes);
+  /// Frees every cached block.
+  ~ReuseCache();
+  ReuseCache(const ReuseCache&) = delete;
+  ReuseCache& operator=(const ReuseCache&) = delete;
+
+  /// Bytes and blocks cached now, and allocations served from the cache so
+  /// far.
+  size_t held_bytes() const;
+  size_t held_blocks() const;
+  size_t reused_blocks() const;
 };
 
 }  // namespace reloadsafe::trace

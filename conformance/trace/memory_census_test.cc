@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <ostream>
+#include <string>
 #include <vector>
 
 namespace reloadsafe::trace {
@@ -148,6 +150,94 @@ TEST(Quarantine, OneAtATime) {
   CpuCensusScope census;
   Quarantine first;
   EXPECT_THROW(Quarantine second, c10::Error);
+}
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+// Frees a tensor of `bytes` bytes in one of several ways, then allocates
+// `next_bytes` and says whether the new tensor got the freed block back.
+struct ReuseRow {
+  const char* what;
+  int64_t bytes;
+  bool freed_inside_a_reload;  // under Quarantine::Capturing
+  int64_t next_bytes;
+  bool reused;
+};
+
+void PrintTo(const ReuseRow& row, std::ostream* os) {
+  *os << row.what;
+}
+
+class ReuseCacheTable : public ::testing::TestWithParam<ReuseRow> {};
+
+TEST_P(ReuseCacheTable, HandsBackOnlyWhatNobodyHolds) {
+  const ReuseRow& row = GetParam();
+  CpuCensusScope census;
+  Quarantine quarantine;
+  ReuseCache cache;
+  std::optional<at::Tensor> old = at::full({row.bytes}, 7, at::kByte);
+  const void* address = old->data_ptr();
+  {
+    std::optional<Quarantine::Capturing> capturing;
+    if (row.freed_inside_a_reload) capturing.emplace(quarantine);
+    old.reset();
+  }
+  const at::Tensor next = at::empty({row.next_bytes}, at::kByte);
+  const std::optional<uint64_t> epoch_now = cpu_allocation_epoch();
+  EXPECT_EQ(next.data_ptr() == address, row.reused) << row.what;
+  EXPECT_EQ(cache.reused_blocks(), row.reused ? 1u : 0u) << row.what;
+  EXPECT_GE(live_tensor_bytes(c10::kCPU).value(), row.next_bytes) << "counted as live";
+  if (row.reused) {
+    // Handed back as it was: the old bytes, not zeros and not poison.
+    EXPECT_EQ(next.min().item<uint8_t>(), 7) << row.what;
+    EXPECT_EQ(next.max().item<uint8_t>(), 7) << row.what;
+    EXPECT_EQ(cpu_allocation_epoch_of(next.data_ptr()), epoch_now)
+        << "a reused block is a new allocation for the census";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    MemoryCensus, ReuseCacheTable,
+    ::testing::Values(ReuseRow{"a large block freed outside a reload, same size", 4 * kMiB, false,
+                               4 * kMiB, true},
+                      ReuseRow{"the smallest block the cache keeps", kMiB, false, kMiB, true},
+                      ReuseRow{"a block below the cache's minimum", kMiB - 64, false, kMiB - 64,
+                               false},
+                      ReuseRow{"a large block freed outside a reload, another size", 4 * kMiB,
+                               false, 4 * kMiB + 64, false},
+                      ReuseRow{"a block freed inside a reload (held poisoned by the quarantine)",
+                               4 * kMiB, true, 4 * kMiB, false}),
+    [](const auto& info) { return "row" + std::to_string(info.index); });
+
+TEST(ReuseCache, TakesWhatTheQuarantineLetsGoAndKeepsItsLimit) {
+  CpuCensusScope census;
+  ReuseCache cache(/*max_bytes=*/3 * kMiB);
+  {
+    Quarantine quarantine(/*max_bytes=*/2 * kMiB);
+    Quarantine::Capturing capturing(quarantine);
+    for (int i = 0; i < 3; ++i) at::Tensor t = at::empty({kMiB}, at::kByte);
+    EXPECT_EQ(quarantine.held_blocks(), 2u);
+    EXPECT_EQ(quarantine.evicted_blocks(), 1u);
+    EXPECT_EQ(cache.held_blocks(), 1u) << "evicted from the quarantine into the cache";
+  }
+  EXPECT_EQ(cache.held_blocks(), 3u) << "the quarantine's end hands its blocks to the cache";
+  EXPECT_EQ(cache.held_bytes(), size_t{3} * kMiB);
+  { at::Tensor t = at::empty({kMiB}, at::kByte); }
+  EXPECT_EQ(cache.held_bytes(), size_t{3} * kMiB) << "freed outside a reload: cached again";
+  {
+    const at::Tensor big = at::empty({2 * kMiB}, at::kByte);  // not cached: another size
+    EXPECT_EQ(cache.reused_blocks(), 1u);
+  }
+  EXPECT_EQ(cache.held_blocks(), 2u) << "the oldest two went to make room for the new one";
+  EXPECT_EQ(cache.held_bytes(), size_t{3} * kMiB);
+  { const at::Tensor too_big = at::empty({4 * kMiB}, at::kByte); }
+  EXPECT_EQ(cache.held_bytes(), size_t{3} * kMiB) << "larger than the whole cache: freed at once";
+}
+
+TEST(ReuseCache, OneAtATime) {
+  CpuCensusScope census;
+  ReuseCache first;
+  EXPECT_THROW(ReuseCache second, c10::Error);
 }
 
 }  // namespace
