@@ -12,8 +12,9 @@ with a per-row scale refilled in place), at N x N for each size:
   BM_OwnWork/fp8_linear/bytes:B/process_time               20 x (new layer + load + post-processing
                                                         + forward): the work of as many reloads
 
-B is the checkpoint's bytes (2 N^2, bf16). Everything runs on one thread and
-is judged by process CPU time (the JSON's cpu_time; real_time is the wall
+B is the checkpoint's bytes (2 N^2, bf16). Each benchmark runs in a fresh
+process of its own (see run_in_fresh_process), on one thread, and is judged
+by process CPU time (the JSON's cpu_time; real_time is the wall
 clock), which other processes on a shared machine do not inflate: the
 /process_time names tell bench/compare.py so. Targets (ratios within the run,
 of medians over repetitions): check_reload traced <= 3 x its own work at
@@ -141,6 +142,45 @@ def benchmarks(sizes):
     return out
 
 
+def run_in_fresh_process(name, n, min_time):
+    """timed() of benchmark `name` (of layer size `n`) in a new interpreter:
+    (iterations, real, cpu), or raises RuntimeError with the child's error.
+
+    Each benchmark runs in a process of its own, because the heap remembers
+    what ran before: once a check has grown glibc's heap, later allocations
+    of 64 MiB are carved from memory already mapped instead of being mapped
+    fresh, and the own work at 4096 x 4096 took 3.1 s after a check and 5.5 s
+    before one, in the same process. A fresh process per benchmark measures
+    each the way a plain process would run it, whatever order the shuffle
+    chose."""
+    child = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), f"--reloadsafe_run_one={name}",
+         f"--reloadsafe_sizes={n}", f"--benchmark_min_time={min_time}"],
+        capture_output=True, text=True, check=False)
+    lines = child.stdout.strip().splitlines()
+    if child.returncode != 0 or not lines:
+        raise RuntimeError(f"the benchmark's process failed (exit {child.returncode}): "
+                           + (child.stderr.strip().splitlines() or ["no output"])[-1])
+    result = json.loads(lines[-1])
+    if "error" in result:
+        raise RuntimeError(result["error"])
+    return result["iterations"], result["real"], result["cpu"]
+
+
+def run_one(name, sizes, min_time):
+    """The child's side of run_in_fresh_process: warm up, time `name`, print
+    the result as one JSON line."""
+    torch.set_num_threads(1)
+    fn = dict(benchmarks(sizes))[name]
+    warm_up(sizes)
+    try:
+        iterations, real, cpu = timed(fn, min_time)
+        print(json.dumps({"iterations": iterations, "real": real, "cpu": cpu}))
+    except Exception as e:  # reported by the parent as the benchmark's error
+        print(json.dumps({"error": f"{type(e).__name__}: {e}"}))
+    return 0
+
+
 def warm_up(sizes):
     """What a process pays once, outside the timed runs (as the C++
     binaries calibrate dense_copy_ before any benchmark): dense_copy_'s
@@ -195,12 +235,15 @@ def parse(argv):
     p.add_argument("--reloadsafe_sizes", default="1024,4096")
     p.add_argument("--reloadsafe_context_binary")
     p.add_argument("--reloadsafe_executable", default="check_bench", help=argparse.SUPPRESS)
+    p.add_argument("--reloadsafe_run_one", help=argparse.SUPPRESS)  # see run_in_fresh_process
     return p.parse_args(argv)
 
 
 def main(argv=None):
     args = parse(sys.argv[1:] if argv is None else argv)
     sizes = [int(s) for s in args.reloadsafe_sizes.split(",") if s]
+    if args.reloadsafe_run_one:
+        return run_one(args.reloadsafe_run_one, sizes, args.benchmark_min_time)
     torch.set_num_threads(1)  # both sides of every ratio on one thread: steadier on a shared machine
     context = machine_context(args.reloadsafe_context_binary)
     context.update({
@@ -215,19 +258,18 @@ def main(argv=None):
         "reloadsafe_references": ";".join(
             f"BM_CheckReload/fp8_linear/{m}/=BM_OwnWork/fp8_linear/" for m in ("traced", "untraced")),
     })
-    selected = [(name, fn) for name, fn in benchmarks(sizes)
+    selected = [(name, n) for n in sizes for name, _ in benchmarks([n])
                 if not args.benchmark_filter or re.search(args.benchmark_filter, name)]
-    warm_up(sizes)
-    runs = [(name, fn, rep) for rep in range(args.benchmark_repetitions) for name, fn in selected]
+    runs = [(name, n, rep) for rep in range(args.benchmark_repetitions) for name, n in selected]
     if args.benchmark_enable_random_interleaving.lower() in ("true", "1", "yes"):
         random.shuffle(runs)
     results = []
-    for name, fn, rep in runs:
+    for name, n, rep in runs:
         entry = {"name": name, "run_name": name, "run_type": "iteration",
                  "repetitions": args.benchmark_repetitions, "repetition_index": rep, "threads": 1,
                  "time_unit": "ms"}
         try:
-            iterations, real, cpu = timed(fn, args.benchmark_min_time)
+            iterations, real, cpu = run_in_fresh_process(name, n, args.benchmark_min_time)
             entry.update(iterations=iterations, real_time=real * 1e3, cpu_time=cpu * 1e3)
             print(f"{name:<62} {real * 1e3:10.1f} ms real {cpu * 1e3:10.1f} ms CPU "
                   f"{iterations:4d}", flush=True)
