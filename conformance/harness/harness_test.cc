@@ -158,6 +158,31 @@ TEST(ReloadHarness, ANegativeControlIsJudgedOnEveryViolationNotOnlyTheListedOnes
   FAIL() << "neg_lazy_sort is not registered";
 }
 
+// Violations past the listed ones are counted and flagged without their
+// before and after (nothing is formatted for them): the verdict, the count
+// and the flagged names must not depend on how many are listed.
+TEST(ReloadHarness, HowManyAreListedChangesOnlyTheList) {
+  RunOptions few = quick();
+  few.max_listed = 1;
+  RunOptions all = quick();
+  all.max_listed = 1000;
+  int checked = 0;
+  for (const auto& backend : BackendRegistry::instance().create_all()) {
+    const BackendReport a = run_backend(*backend, few);
+    const BackendReport b = run_backend(*backend, all);
+    ASSERT_EQ(a.modes.size(), b.modes.size()) << backend->name();
+    EXPECT_EQ(a.ok(), b.ok()) << backend->name();
+    for (size_t m = 0; m < a.modes.size(); ++m) {
+      SCOPED_TRACE(backend->name() + " mode " + std::to_string(m));
+      EXPECT_EQ(a.modes[m].violation_count, b.modes[m].violation_count);
+      EXPECT_EQ(a.modes[m].flagged, b.modes[m].flagged);
+      EXPECT_LE(a.modes[m].violations.size(), 1u);
+      if (b.modes[m].violation_count > 1) ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0) << "no backend had more violations than listed";
+}
+
 TEST(ReloadHarness, RowPaddingLosesItsAddressOutsideDirectReload) {
   // Documents why rocm_row_padding claims only the direct mode.
   for (const auto& backend : BackendRegistry::instance().create_all()) {

@@ -34,7 +34,7 @@ bool same_object(const ObjectRead& a, const ObjectRead& b) {
 }
 
 // The objects of one op, captured (`a`) and retraced (`b`).
-void compare_objects(const OpCall& a, const OpCall& b, const TensorNames& names,
+void compare_objects(const OpCall& a, const OpCall& b, const TensorNames& names, bool details,
                      std::vector<ReadChange>& out) {
   for (size_t j = 0; j < a.objects.size(); ++j) {
     const ObjectRead& oa = a.objects[j];
@@ -44,12 +44,12 @@ void compare_objects(const OpCall& a, const OpCall& b, const TensorNames& names,
     // it packed at capture is gone, whatever its tensors say.
     out.push_back(ReadChange{
         names.label(oa), oa.identity == ob.identity ? "object re-made in place" : "object replaced",
-        oa.describe(), ob.describe(), oa.where(a.name)});
+        details ? oa.describe() : "", details ? ob.describe() : "", oa.where(a.name)});
   }
 }
 
 // The tensor reads of one op, captured (`a`) and retraced (`b`).
-void compare_reads(const OpCall& a, const OpCall& b, const TensorNames& names,
+void compare_reads(const OpCall& a, const OpCall& b, const TensorNames& names, bool details,
                    std::vector<ReadChange>& out) {
   for (size_t j = 0; j < a.reads.size(); ++j) {
     const TensorRead& ra = a.reads[j];
@@ -60,11 +60,11 @@ void compare_reads(const OpCall& a, const OpCall& b, const TensorNames& names,
     const std::string where = ra.where(a.name);
     if (!rb.external) {
       out.push_back(ReadChange{label, "now made inside the forward",
-                               to_hex(ra.data_ptr) + " " + ra.layout(),
-                               to_hex(rb.data_ptr) + " " + rb.layout(), where});
+                               details ? to_hex(ra.data_ptr) + " " + ra.layout() : "",
+                               details ? to_hex(rb.data_ptr) + " " + rb.layout() : "", where});
       continue;
     }
-    for (LocationChange& c : ra.diff(rb)) {
+    for (LocationChange& c : ra.diff(rb, details)) {
       out.push_back(
           ReadChange{label, std::move(c.what), std::move(c.before), std::move(c.after), where});
     }
@@ -168,8 +168,8 @@ std::vector<CapturedRead> CapturedForward::reads(const TensorNames& names) const
   return out;
 }
 
-std::vector<ReadChange> CapturedForward::compare(const ReadTrace& retrace,
-                                                 const TensorNames& names) const {
+std::vector<ReadChange> CapturedForward::compare(const ReadTrace& retrace, const TensorNames& names,
+                                                 bool details) const {
   std::vector<ReadChange> out;
   const auto& before = trace_->ops();
   const auto& after = retrace.ops();
@@ -184,8 +184,8 @@ std::vector<ReadChange> CapturedForward::compare(const ReadTrace& retrace,
                                b.name + " (depth " + std::to_string(b.depth) + ")", ""});
       return out;
     }
-    compare_objects(a, b, names, out);
-    compare_reads(a, b, names, out);
+    compare_objects(a, b, names, details, out);
+    compare_reads(a, b, names, details, out);
   }
   if (before.size() != after.size()) {
     const std::string extra = before.size() < after.size() ? after[common].name : "(none)";

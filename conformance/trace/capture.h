@@ -142,8 +142,11 @@ class CapturedForward {
 
   /// The differences between the capture and `retrace` (the same forward
   /// traced after a reload), in op order. Read names come from `names` (the
-  /// names at capture).
-  std::vector<ReadChange> compare(const ReadTrace& retrace, const TensorNames& names) const;
+  /// names at capture). With `details` false, the before and after of each
+  /// change are left empty (nothing formatted), for a caller that only
+  /// counts and names them.
+  std::vector<ReadChange> compare(const ReadTrace& retrace, const TensorNames& names,
+                                  bool details = true) const;
 
   /// Replays the captured top-level ops against the held tensors. Returns
   /// the replayed output, or nothing with the reason in `why`.

@@ -47,21 +47,25 @@ std::string TensorLocation::layout() const {
   return os.str();
 }
 
-std::vector<LocationChange> TensorLocation::diff(const TensorLocation& after) const {
+std::vector<LocationChange> TensorLocation::diff(const TensorLocation& after, bool details) const {
   std::vector<LocationChange> changes;
   if (same_place(after)) return changes;  // the common case: no strings built
+  const auto hex = [&](const void* p) { return details ? to_hex(p) : std::string(); };
   if (data_ptr != after.data_ptr)
-    changes.push_back({"address", to_hex(data_ptr), to_hex(after.data_ptr)});
+    changes.push_back({"address", hex(data_ptr), hex(after.data_ptr)});
   if (storage != after.storage) {
-    changes.push_back({"storage", to_hex(storage), to_hex(after.storage)});
+    changes.push_back({"storage", hex(storage), hex(after.storage)});
   } else if (storage_data != after.storage_data || storage_nbytes != after.storage_nbytes) {
     // The same storage object, reallocated or resized under the tensor.
-    changes.push_back(
-        {"storage resized or moved",
-         to_hex(storage_data) + " " + std::to_string(storage_nbytes) + " B",
-         to_hex(after.storage_data) + " " + std::to_string(after.storage_nbytes) + " B"});
+    const auto bytes = [&](const void* p, size_t n) {
+      return details ? to_hex(p) + " " + std::to_string(n) + " B" : std::string();
+    };
+    changes.push_back({"storage resized or moved", bytes(storage_data, storage_nbytes),
+                       bytes(after.storage_data, after.storage_nbytes)});
   }
-  if (!same_layout(after)) changes.push_back({"layout", layout(), after.layout()});
+  if (!same_layout(after)) {
+    changes.push_back({"layout", details ? layout() : "", details ? after.layout() : ""});
+  }
   return changes;
 }
 

@@ -81,8 +81,10 @@ struct TensorLocation {
   /// How `after` differs from this location, in the order a report lists
   /// them: the data pointer ("address"), the storage ("storage"; or, for the
   /// same storage object, "storage resized or moved"), the layout
-  /// ("layout"). Empty when same_place(after).
-  std::vector<LocationChange> diff(const TensorLocation& after) const;
+  /// ("layout"). Empty when same_place(after). With `details` false, each
+  /// change's before and after are left empty: for a caller that counts
+  /// changes without showing them, which then formats no addresses.
+  std::vector<LocationChange> diff(const TensorLocation& after, bool details = true) const;
 };
 
 }  // namespace reloadsafe::trace

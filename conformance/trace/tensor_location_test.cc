@@ -86,6 +86,12 @@ TEST(TensorLocation, DiffGivesTheSameVerdictsEverywhere) {
     const std::vector<LocationChange> changes = before.diff(after);
     EXPECT_EQ(whats(changes), c.expected);
     EXPECT_EQ(before.same_place(after), c.expected.empty());
+    // Without details: the same verdicts, nothing formatted.
+    const std::vector<LocationChange> bare = before.diff(after, /*details=*/false);
+    EXPECT_EQ(whats(bare), c.expected);
+    for (const LocationChange& change : bare) {
+      EXPECT_TRUE(change.before.empty() && change.after.empty()) << change.what;
+    }
   }
 }
 
