@@ -28,7 +28,6 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
-#include <sstream>
 #include <string_view>
 
 namespace reloadsafe::trace {
@@ -66,11 +65,14 @@ const std::string& op_name(const c10::FunctionSchema& schema) {
 
 // Note [The other arguments' fingerprint]
 // A graph bakes in more than addresses: the numbers, shapes and flags an op
-// is launched with. Each top-level op gets a 64-bit FNV-1a fingerprint of
+// is launched with. Each top-level op gets a 64-bit fingerprint of
 // every argument that is not a tensor read or an opaque object (a nested
 // op's follow from its top-level op's, and are not computed), so that a
 // capture and a retrace can tell whether the same op was handed the same
-// values. Each value is hashed with a tag of its kind, so 1 and 1.0 and
+// values. Words are folded in FNV-1a's way, a 64-bit word at a time: each
+// step is a bijection of the running hash for a given word, so two argument
+// lists that differ in a single word always differ in their fingerprint.
+// Each value is hashed with a tag of its kind, so 1 and 1.0 and
 // true differ; a double by its bits (-0.0 and 0.0 differ: never equal when
 // unsure). A tensor counts by what is not a read: a wrapped number by its
 // dtype and value, a Python subclass tensor by its identity (the capture
@@ -109,10 +111,7 @@ class Fingerprint {
 
  private:
   bool word(uint64_t w) {
-    for (int i = 0; i < 8; ++i) {
-      hash_ ^= (w >> (8 * i)) & 0xff;
-      hash_ *= 0x100000001b3ULL;
-    }
+    hash_ = (hash_ ^ w) * 0x100000001b3ULL;
     return true;
   }
   bool real(double d) {
@@ -264,11 +263,12 @@ void register_object_tensors(const std::string& class_name, ObjectTensors fn) {
   registry.by_class[class_name] = std::move(fn);
 }
 
+// The where() strings are built by appending: a report names every read, and
+// a stream per string cost more than the rest of listing them.
 std::string ObjectRead::where(const std::string& op_name) const {
-  std::ostringstream os;
-  os << op_name << " arg " << arg;
-  if (!arg_name.empty()) os << " (" << arg_name << ")";
-  return os.str();
+  std::string s = op_name + " arg " + std::to_string(arg);
+  if (!arg_name.empty()) s += " (" + arg_name + ")";
+  return s;
 }
 
 std::string ObjectRead::describe() const {
@@ -276,14 +276,14 @@ std::string ObjectRead::describe() const {
 }
 
 std::string TensorRead::where(const std::string& op_name) const {
-  std::ostringstream os;
-  os << op_name << " arg " << arg;
-  if (element >= 0) os << "[" << element << "]";
-  if (!arg_name.empty()) os << " (" << arg_name << ")";
-  return os.str();
+  std::string s = op_name + " arg " + std::to_string(arg);
+  if (element >= 0) s += "[" + std::to_string(element) + "]";
+  if (!arg_name.empty()) s += " (" + arg_name + ")";
+  return s;
 }
 
 ReadTrace::ReadTrace(Options options) : options_(options) {
+  ops_.reserve(32);  // a layer's forward: a few dozen ops, recorded without regrowing
   start_epoch_ = cpu_allocation_epoch().value_or(0);
   owner_ = std::this_thread::get_id();
   previous_ = tls_active;

@@ -1,14 +1,33 @@
 #include "conformance/trace/tensor_location.h"
 
-#include <sstream>
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <string>
 
 namespace reloadsafe::trace {
 
+// Formatted by hand rather than through a stream: reports format every
+// address and layout they list, and a stream's set-up cost more than the
+// formatting itself. The output is what a stream prints.
 std::string to_hex(const void* p) {
-  std::ostringstream os;
-  os << p;
-  return os.str();
+  if (p == nullptr) return "0";
+  char buf[2 + 2 * sizeof(uintptr_t) + 1];
+  std::snprintf(buf, sizeof buf, "0x%" PRIxPTR, reinterpret_cast<uintptr_t>(p));
+  return buf;
 }
+
+namespace {
+// "[16, 64]", as c10 prints an IntArrayRef.
+void append_list(std::string& s, const std::vector<int64_t>& values) {
+  s += '[';
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(values[i]);
+  }
+  s += ']';
+}
+}  // namespace
 
 TensorLocation TensorLocation::of(const at::Tensor& t) {
   TensorLocation l;
@@ -41,10 +60,12 @@ bool TensorLocation::same_place(const TensorLocation& after) const {
 }
 
 std::string TensorLocation::layout() const {
-  std::ostringstream os;
-  os << c10::toString(dtype) << c10::IntArrayRef(sizes) << " stride " << c10::IntArrayRef(strides)
-     << " offset " << storage_offset << " on " << device;
-  return os.str();
+  std::string s = c10::toString(dtype);
+  append_list(s, sizes);
+  s += " stride ";
+  append_list(s, strides);
+  s += " offset " + std::to_string(storage_offset) + " on " + device.str();
+  return s;
 }
 
 std::vector<LocationChange> TensorLocation::diff(const TensorLocation& after, bool details) const {

@@ -3,7 +3,9 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <functional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -107,6 +109,27 @@ TEST(TensorLocation, DiffSaysBeforeAndAfterAsReportsPrintThem) {
   EXPECT_EQ(changes[1].before, to_hex(t.storage().unsafeGetStorageImpl()));
   EXPECT_EQ(changes[2].before, "Float[2, 3] stride [3, 1] offset 0 on cpu");
   EXPECT_EQ(changes[2].after, "Float[3, 2] stride [2, 1] offset 0 on cpu");
+}
+
+TEST(TensorLocation, FormatsAddressesAndLayoutsAsAStreamWould) {
+  const at::Tensor t = at::zeros({2, 3}, at::kHalf).t();
+  const std::vector<const void*> addresses = {nullptr, reinterpret_cast<const void*>(uintptr_t{1}),
+                                              t.data_ptr(),
+                                              reinterpret_cast<const void*>(~uintptr_t{0})};
+  for (const void* p : addresses) {
+    std::ostringstream os;
+    os << p;
+    EXPECT_EQ(to_hex(p), os.str());
+  }
+  const TensorLocation l = TensorLocation::of(t);
+  std::ostringstream os;
+  os << c10::toString(l.dtype) << c10::IntArrayRef(l.sizes) << " stride "
+     << c10::IntArrayRef(l.strides) << " offset " << l.storage_offset << " on " << l.device;
+  EXPECT_EQ(l.layout(), os.str());
+  EXPECT_EQ(l.layout(), "Half[3, 2] stride [1, 3] offset 0 on cpu");
+  TensorLocation empty;  // no sizes, no strides (a scalar, or a non-strided layout)
+  EXPECT_EQ(empty.layout(),
+            std::string(c10::toString(empty.dtype)) + "[] stride [] offset 0 on cpu");
 }
 
 }  // namespace
