@@ -54,8 +54,8 @@ TEST(ReadTrace, ViewsOfAnExternalStorageAreExternalAndResultsAreInternal) {
   EXPECT_TRUE(mm_reads[1].external) << "a view of an external weight is external";
   EXPECT_EQ(mm_reads[1].storage, storage_of(w));
   EXPECT_EQ(mm_reads[1].data_ptr, w.data_ptr());
-  EXPECT_EQ(mm_reads[1].sizes, (std::vector<int64_t>{8, 16}));
-  EXPECT_EQ(mm_reads[1].strides, (std::vector<int64_t>{1, 8}));
+  EXPECT_EQ(c10::IntArrayRef(mm_reads[1].sizes), c10::IntArrayRef({8, 16}));
+  EXPECT_EQ(c10::IntArrayRef(mm_reads[1].strides), c10::IntArrayRef({1, 8}));
 
   const auto relu_reads = reads_of(trace, "aten::relu");
   ASSERT_EQ(relu_reads.size(), 1u);

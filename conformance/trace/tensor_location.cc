@@ -19,7 +19,7 @@ std::string to_hex(const void* p) {
 
 namespace {
 // "[16, 64]", as c10 prints an IntArrayRef.
-void append_list(std::string& s, const std::vector<int64_t>& values) {
+void append_list(std::string& s, c10::IntArrayRef values) {
   s += '[';
   for (size_t i = 0; i < values.size(); ++i) {
     if (i > 0) s += ", ";
@@ -31,8 +31,8 @@ void append_list(std::string& s, const std::vector<int64_t>& values) {
 
 TensorLocation TensorLocation::of(const at::Tensor& t) {
   TensorLocation l;
-  l.sizes = t.sizes().vec();
-  l.strides = t.layout() == c10::kStrided ? t.strides().vec() : std::vector<int64_t>{};
+  l.sizes.assign(t.sizes().begin(), t.sizes().end());
+  if (t.layout() == c10::kStrided) l.strides.assign(t.strides().begin(), t.strides().end());
   l.dtype = t.scalar_type();
   l.device = t.device();
   if (!has_plain_storage(t)) return l;

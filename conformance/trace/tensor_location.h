@@ -18,6 +18,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
+#include <c10/util/SmallVector.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -60,8 +61,12 @@ struct TensorLocation {
   size_t storage_nbytes = 0;
   const void* data_ptr = nullptr;  ///< storage_data + storage_offset * itemsize
   int64_t storage_offset = 0;      ///< in elements
-  std::vector<int64_t> sizes;
-  std::vector<int64_t> strides;  ///< empty for a non-strided layout
+  /// Inline up to kInlineDims dimensions: a trace makes one location per
+  /// tensor read, and two heap vectors each were most of its allocations.
+  static constexpr unsigned kInlineDims = 6;
+  using Dims = c10::SmallVector<int64_t, kInlineDims>;
+  Dims sizes;
+  Dims strides;  ///< empty for a non-strided layout
   c10::ScalarType dtype = c10::ScalarType::Undefined;
   c10::Device device = c10::Device(c10::kCPU);
 

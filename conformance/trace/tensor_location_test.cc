@@ -27,8 +27,8 @@ TEST(TensorLocation, RecordsTheFactsAGraphBakesIn) {
   EXPECT_EQ(l.storage_nbytes, 4u * 8u * sizeof(float));
   EXPECT_EQ(l.data_ptr, view.data_ptr());
   EXPECT_EQ(l.storage_offset, 8);
-  EXPECT_EQ(l.sizes, (std::vector<int64_t>{2, 8}));
-  EXPECT_EQ(l.strides, (std::vector<int64_t>{8, 1}));
+  EXPECT_EQ(c10::IntArrayRef(l.sizes), c10::IntArrayRef({2, 8}));
+  EXPECT_EQ(c10::IntArrayRef(l.strides), c10::IntArrayRef({8, 1}));
   EXPECT_EQ(l.dtype, at::kFloat);
   EXPECT_EQ(l.layout(), "Float[2, 8] stride [8, 1] offset 8 on cpu");
 }
@@ -38,7 +38,7 @@ TEST(TensorLocation, ATensorWithoutStorageHasOnlyItsLayout) {
   const TensorLocation l = TensorLocation::of(sparse);
   EXPECT_EQ(l.storage, nullptr);
   EXPECT_EQ(l.data_ptr, nullptr);
-  EXPECT_EQ(l.sizes, (std::vector<int64_t>{3, 3}));
+  EXPECT_EQ(c10::IntArrayRef(l.sizes), c10::IntArrayRef({3, 3}));
   EXPECT_TRUE(l.strides.empty());
 }
 

@@ -56,8 +56,10 @@ void bind_trace(py::module_& m) {
       .def_readonly("storage_nbytes", &TensorRead::storage_nbytes)
       .def_property_readonly("data_ptr", [](const TensorRead& r) { return address(r.data_ptr); })
       .def_readonly("storage_offset", &TensorRead::storage_offset)
-      .def_readonly("sizes", &TensorRead::sizes)
-      .def_readonly("strides", &TensorRead::strides)
+      .def_property_readonly("sizes",
+                             [](const TensorRead& r) { return c10::IntArrayRef(r.sizes).vec(); })
+      .def_property_readonly("strides",
+                             [](const TensorRead& r) { return c10::IntArrayRef(r.strides).vec(); })
       .def_readonly("dtype", &TensorRead::dtype)
       .def_readonly("device", &TensorRead::device)
       .def_property_readonly("layout", &TensorRead::layout);
