@@ -125,21 +125,26 @@ def timed(fn, min_time):
     return iterations, real / iterations, cpu / iterations
 
 
-def benchmarks(sizes):
-    """[(name, function)] for every size."""
-    out = []
-    for n in sizes:
-        b = 2 * n * n
+def names(n):
+    """The benchmarks of layer size n: check_reload traced, untraced, own work."""
+    b = 2 * n * n
+    return [f"BM_CheckReload/fp8_linear/traced/bytes:{b}/process_time",
+            f"BM_CheckReload/fp8_linear/untraced/bytes:{b}/process_time",
+            f"BM_OwnWork/fp8_linear/bytes:{b}/process_time"]
+
+
+def benchmark(name, n):
+    """The function timed as benchmark `name` of layer size n; its inputs
+    are made here, outside the timing."""
+    traced, untraced, own = names(n)
+    if name == traced:
+        return lambda: check(n, True)
+    if name == untraced:
+        return lambda: check(n, False)
+    if name == own:
         ckpt = {"weight": torch.randn(n, n, generator=torch.Generator().manual_seed(1)).bfloat16()}
-        x = example_input(n)
-        out += [
-            (f"BM_CheckReload/fp8_linear/traced/bytes:{b}/process_time", lambda n=n: check(n, True)),
-            (f"BM_CheckReload/fp8_linear/untraced/bytes:{b}/process_time",
-             lambda n=n: check(n, False)),
-            (f"BM_OwnWork/fp8_linear/bytes:{b}/process_time",
-             functools.partial(own_work, n, ckpt, x)),
-        ]
-    return out
+        return functools.partial(own_work, n, ckpt, example_input(n))
+    raise ValueError(f"no benchmark {name!r} for size {n}")
 
 
 def run_in_fresh_process(name, n, min_time):
@@ -167,12 +172,12 @@ def run_in_fresh_process(name, n, min_time):
     return result["iterations"], result["real"], result["cpu"]
 
 
-def run_one(name, sizes, min_time):
+def run_one(name, n, min_time):
     """The child's side of run_in_fresh_process: warm up, time `name`, print
     the result as one JSON line."""
     torch.set_num_threads(1)
-    fn = dict(benchmarks(sizes))[name]
-    warm_up(sizes)
+    fn = benchmark(name, n)
+    warm_up([n])
     try:
         iterations, real, cpu = timed(fn, min_time)
         print(json.dumps({"iterations": iterations, "real": real, "cpu": cpu}))
@@ -243,7 +248,7 @@ def main(argv=None):
     args = parse(sys.argv[1:] if argv is None else argv)
     sizes = [int(s) for s in args.reloadsafe_sizes.split(",") if s]
     if args.reloadsafe_run_one:
-        return run_one(args.reloadsafe_run_one, sizes, args.benchmark_min_time)
+        return run_one(args.reloadsafe_run_one, sizes[0], args.benchmark_min_time)
     torch.set_num_threads(1)  # both sides of every ratio on one thread: steadier on a shared machine
     context = machine_context(args.reloadsafe_context_binary)
     context.update({
@@ -258,7 +263,7 @@ def main(argv=None):
         "reloadsafe_references": ";".join(
             f"BM_CheckReload/fp8_linear/{m}/=BM_OwnWork/fp8_linear/" for m in ("traced", "untraced")),
     })
-    selected = [(name, n) for n in sizes for name, _ in benchmarks([n])
+    selected = [(name, n) for n in sizes for name in names(n)
                 if not args.benchmark_filter or re.search(args.benchmark_filter, name)]
     runs = [(name, n, rep) for rep in range(args.benchmark_repetitions) for name, n in selected]
     if args.benchmark_enable_random_interleaving.lower() in ("true", "1", "yes"):
