@@ -344,21 +344,20 @@ std::optional<bool> ReadTrace::classify(const c10::StorageImpl* storage) const {
   return it->second.external;
 }
 
-TensorRead ReadTrace::read_of(const at::Tensor& t, int arg, int element,
-                              const c10::Argument& schema_arg) {
-  TensorRead r;
+void ReadTrace::fill_read(TensorRead& r, const at::Tensor& t, int arg, int element,
+                          const c10::Argument& schema_arg) {
   r.arg = arg;
   r.element = element;
   r.arg_name = schema_arg.name();
   r.written = schema_arg.alias_info() != nullptr && schema_arg.alias_info()->isWrite();
   r.subclass = dispatches_in_python(t);
   r.has_storage = !r.subclass && t.has_storage();
-  static_cast<TensorLocation&>(r) = TensorLocation::of(t);
+  r.reset_to(t);
   if (!r.has_storage) {
     // Nothing addressable to compare; treated as external so that it is
     // reported rather than silently ignored.
     r.external = true;
-    return r;
+    return;
   }
   const c10::Storage& storage = t.storage();
   c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
@@ -371,7 +370,6 @@ TensorRead ReadTrace::read_of(const at::Tensor& t, int arg, int element,
     if (it->second.external && depth_ > 0 && !r.device.is_cpu()) pending_.push_back(impl);
   }
   r.external = it->second.external;
-  return r;
 }
 
 // Note [Inside or before the scope]
@@ -424,10 +422,10 @@ void ReadTrace::add_object(OpCall& call, const c10::IValue& v, int arg,
           t.storage().unsafeGetStorageImpl() != second[k].storage().unsafeGetStorageImpl()) {
         continue;
       }
-      TensorRead r = read_of(t, arg, static_cast<int>(k), schema_arg);
+      TensorRead& r = call.reads.emplace_back();
+      fill_read(r, t, arg, static_cast<int>(k), schema_arg);
       r.arg_name = o.arg_name + "." + source + "[" + std::to_string(k) + "]";
       r.object = o.identity;
-      call.reads.push_back(std::move(r));
     }
   }
   call.objects.push_back(std::move(o));
@@ -455,33 +453,39 @@ void ReadTrace::begin_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVa
   const size_t num_args = args.size() >= schema.arguments().size() ? schema.arguments().size() : 0;
   const size_t first = args.size() - num_args;
 
-  OpCall call;
-  call.name = op_name(schema);
-  call.depth = depth_;
-  call.reads.reserve(num_args);
-  Fingerprint constants;
-  call.constants_known = depth_ == 0 && (num_args > 0 || schema.arguments().empty());
-  for (size_t i = 0; i < num_args; ++i) {
-    const c10::IValue& v = args[first + i];
-    const c10::Argument& a = schema.arguments()[i];
-    if (call.constants_known) call.constants_known = constants.add(v);
-    for_each_in_argument(
-        v,
-        [&](const at::Tensor& t, int element) {
-          if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
-          call.reads.push_back(read_of(t, static_cast<int>(i), element, a));
-        },
-        [&](const c10::IValue& object) { add_object(call, object, static_cast<int>(i), a); });
+  // Recorded in place (no OpCall or TensorRead is moved into the list); a
+  // call whose recording throws is taken off again.
+  ops_.emplace_back();
+  try {
+    OpCall& call = ops_.back();
+    call.name = op_name(schema);
+    call.depth = depth_;
+    Fingerprint constants;
+    call.constants_known = depth_ == 0 && (num_args > 0 || schema.arguments().empty());
+    for (size_t i = 0; i < num_args; ++i) {
+      const c10::IValue& v = args[first + i];
+      const c10::Argument& a = schema.arguments()[i];
+      if (call.constants_known) call.constants_known = constants.add(v);
+      for_each_in_argument(
+          v,
+          [&](const at::Tensor& t, int element) {
+            if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
+            fill_read(call.reads.emplace_back(), t, static_cast<int>(i), element, a);
+          },
+          [&](const c10::IValue& object) { add_object(call, object, static_cast<int>(i), a); });
+    }
+    if (options_.hold_arguments && depth_ == 0) {
+      progress.held_inputs.reserve(num_args);
+      for (size_t i = first; i < args.size(); ++i)
+        progress.held_inputs.push_back(hold_as_captured(args[i]));
+    }
+    if (call.constants_known) call.constants = constants.value();
+  } catch (...) {
+    ops_.pop_back();
+    throw;
   }
-  if (options_.hold_arguments && depth_ == 0) {
-    progress.held_inputs.reserve(num_args);
-    for (size_t i = first; i < args.size(); ++i)
-      progress.held_inputs.push_back(hold_as_captured(args[i]));
-  }
-  if (call.constants_known) call.constants = constants.value();
   progress.recorded = true;
-  progress.op_index = ops_.size();
-  ops_.push_back(std::move(call));
+  progress.op_index = ops_.size() - 1;
   ++depth_;
 }
 

@@ -170,7 +170,11 @@ void register_object_tensors(const std::string& class_name, ObjectTensors fn);
 struct OpCall {
   std::string name;  ///< "aten::mm", with the overload: "aten::add.Tensor"
   int depth = 0;     ///< 0: called by the traced code; n: called inside a depth n-1 op
-  std::vector<TensorRead> reads;
+  /// Inline up to kInlineReads reads: a forward's ops mostly read one to
+  /// three tensors, and a heap vector per op was a trace's most frequent
+  /// allocation.
+  static constexpr unsigned kInlineReads = 3;
+  c10::SmallVector<TensorRead, kInlineReads> reads;
   std::vector<ObjectRead> objects;  ///< opaque objects among the arguments
   /// For a top-level op (depth 0), a fingerprint of its other arguments
   /// (Note [The other arguments' fingerprint] in read_trace.cc): numbers,
@@ -260,7 +264,9 @@ class ReadTrace {
                 CallInProgress& call);
   bool records_nested() const { return options_.nested; }
   void add_object(OpCall& call, const c10::IValue& v, int arg, const c10::Argument& schema_arg);
-  TensorRead read_of(const at::Tensor& t, int arg, int element, const c10::Argument& schema_arg);
+  // Records `t` as the read `r` (a new element of an op's reads).
+  void fill_read(TensorRead& r, const at::Tensor& t, int arg, int element,
+                 const c10::Argument& schema_arg);
   void note_result(const at::Tensor& t);
   c10::IValue hold_as_captured(const c10::IValue& v) const;
   bool existed_before(const TensorRead& r) const;

@@ -31,21 +31,34 @@ void append_list(std::string& s, c10::IntArrayRef values) {
 
 TensorLocation TensorLocation::of(const at::Tensor& t) {
   TensorLocation l;
-  l.sizes.assign(t.sizes().begin(), t.sizes().end());
-  if (t.layout() == c10::kStrided) l.strides.assign(t.strides().begin(), t.strides().end());
-  l.dtype = t.scalar_type();
-  l.device = t.device();
-  if (!has_plain_storage(t)) return l;
-  const c10::Storage& storage = t.storage();
-  l.storage = storage.unsafeGetStorageImpl();
-  l.storage_data = storage.data();
-  l.storage_nbytes = storage.nbytes();
-  l.storage_offset = t.storage_offset();
-  if (l.storage_data != nullptr) {
-    l.data_ptr = static_cast<const char*>(l.storage_data) +
-                 l.storage_offset * static_cast<int64_t>(t.element_size());
-  }
+  l.reset_to(t);
   return l;
+}
+
+void TensorLocation::reset_to(const at::Tensor& t) {
+  sizes.assign(t.sizes().begin(), t.sizes().end());
+  if (t.layout() == c10::kStrided) {
+    strides.assign(t.strides().begin(), t.strides().end());
+  } else {
+    strides.clear();
+  }
+  dtype = t.scalar_type();
+  device = t.device();
+  storage = nullptr;
+  storage_data = nullptr;
+  storage_nbytes = 0;
+  data_ptr = nullptr;
+  storage_offset = 0;
+  if (!has_plain_storage(t)) return;
+  const c10::Storage& s = t.storage();
+  storage = s.unsafeGetStorageImpl();
+  storage_data = s.data();
+  storage_nbytes = s.nbytes();
+  storage_offset = t.storage_offset();
+  if (storage_data != nullptr) {
+    data_ptr = static_cast<const char*>(storage_data) +
+               storage_offset * static_cast<int64_t>(t.element_size());
+  }
 }
 
 bool TensorLocation::same_layout(const TensorLocation& other) const {

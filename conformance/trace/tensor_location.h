@@ -74,6 +74,11 @@ struct TensorLocation {
   /// plain storage (has_plain_storage); nothing of `t` is copied or kept.
   static TensorLocation of(const at::Tensor& t);
 
+  /// Makes this the location of `t`, as of() would, in place: a trace fills
+  /// one location per tensor read inside the record that holds it, without
+  /// moving a fresh one in.
+  void reset_to(const at::Tensor& t);
+
   /// Same offset, sizes, strides, dtype and device.
   bool same_layout(const TensorLocation& other) const;
 

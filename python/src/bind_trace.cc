@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 namespace py = pybind11;
 
@@ -74,7 +75,10 @@ void bind_trace(py::module_& m) {
   py::class_<OpCall>(m, "OpCall")
       .def_readonly("name", &OpCall::name)
       .def_readonly("depth", &OpCall::depth)
-      .def_readonly("reads", &OpCall::reads)
+      .def_property_readonly("reads",
+                             [](const OpCall& op) {
+                               return std::vector<TensorRead>(op.reads.begin(), op.reads.end());
+                             })
       .def_readonly("objects", &OpCall::objects);
 
   py::class_<PyReadTrace>(m, "ReadTrace")
