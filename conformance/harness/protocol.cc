@@ -256,32 +256,40 @@ class ModeRun {
     }
     const at::Tensor expected =
         cold_loads_.forward(r, ckpt, x_, [&] { return subject_.cold_forward(ckpt, x_); });
-    if (!close(out, expected)) {
+    const bool out_close = close(out, expected);
+    if (!out_close) {
       sink_.add(r, "forward", "differs from a cold load of the same checkpoint", "cold load",
                 sink_.listing() ? max_diff(out, expected) : "");
     }
-    if (options_.trace) check_replay(r, expected, replays_as_retraced ? &out : nullptr);
+    if (options_.trace) {
+      check_replay(r, expected, replays_as_retraced ? &out : nullptr, out_close);
+    }
   }
 
   // `retraced`: the retraced forward's output, when the retrace made exactly
   // the captured calls (CapturedForward::replays_as). After the first
   // reload's replay has run, that output is taken as the replay's instead of
   // running the ops again: the same ops on the same bytes (Note [A retrace
-  // that is its own replay] in capture.cc).
-  void check_replay(int r, const at::Tensor& expected, const at::Tensor* retraced) {
+  // that is its own replay] in capture.cc). `retraced_close`: whether that
+  // output is close to `expected` (check_forward has compared them).
+  void check_replay(int r, const at::Tensor& expected, const at::Tensor* retraced,
+                    bool retraced_close) {
     std::optional<at::Tensor> replayed;
     std::string why;
+    bool replayed_close = false;
     if (retraced != nullptr && replayed_once_) {
       replayed = *retraced;
+      replayed_close = retraced_close;
     } else {
       replayed = capture_.forward->replay(&why);
+      if (replayed) replayed_close = close(*replayed, expected);
     }
     if (!replayed) {
       if (r == 1) report_.warnings.push_back(Warning{"replay", "", "not replayed: " + why});
       return;
     }
     replayed_once_ = true;
-    if (!close(*replayed, expected)) {
+    if (!replayed_close) {
       sink_.add(r, "replay", "the captured ops, replayed, differ from a cold load (a stale read)",
                 "cold load", sink_.listing() ? max_diff(*replayed, expected) : "");
     }

@@ -48,6 +48,14 @@ struct Bookkeeping {
   Bookkeeping& operator=(const Bookkeeping&) = delete;
 };
 
+// The trace's own work around one op (recording its arguments, holding them,
+// noting its results), for every trace of the chain at once: the trace key
+// off (Note [Holding runs no op]) and the observer told (Bookkeeping).
+struct OwnWork {
+  c10::impl::ExcludeDispatchKeyGuard off{kTraceKey};
+  Bookkeeping bookkeeping;
+};
+
 // "aten::add.Tensor", built once per schema and thread. A schema freed with
 // its library can leave its address to another, so a hit is checked.
 const std::string& op_name(const c10::FunctionSchema& schema) {
@@ -439,15 +447,12 @@ void ReadTrace::add_object(OpCall& call, const c10::IValue& v, int arg,
 // holds arguments (the capture) would record and a trace that does not (a
 // retrace) would not: the two op sequences would differ for a layer that
 // changed nothing.
-void ReadTrace::begin_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
-                           CallInProgress& progress) {
+void ReadTrace::begin_call(const c10::OperatorHandle& op, const c10::FunctionSchema& schema,
+                           c10::ArrayRef<c10::IValue> args, CallInProgress& progress) {
   if (!options_.nested && depth_ > 0) {
     ++depth_;
     return;
   }
-  c10::impl::ExcludeDispatchKeyGuard off(kTraceKey);
-  Bookkeeping own_ops;
-  const c10::FunctionSchema& schema = op.schema();
   // The fallback always has every argument; an observer may have none (see
   // Note [Inside a subclass's dispatch]): the op is then recorded without reads.
   const size_t num_args = args.size() >= schema.arguments().size() ? schema.arguments().size() : 0;
@@ -489,14 +494,12 @@ void ReadTrace::begin_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVa
   ++depth_;
 }
 
-void ReadTrace::end_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> stack,
-                         CallInProgress& progress) {
+void ReadTrace::end_call(const c10::OperatorHandle& op, const c10::FunctionSchema& schema,
+                         c10::ArrayRef<c10::IValue> stack, CallInProgress& progress) {
   --depth_;
   if (!progress.recorded) return;
-  c10::impl::ExcludeDispatchKeyGuard off(kTraceKey);
-  Bookkeeping own_ops;
   const size_t num_returns =
-      stack.size() >= op.schema().returns().size() ? op.schema().returns().size() : 0;
+      stack.size() >= schema.returns().size() ? schema.returns().size() : 0;
   c10::SmallVector<const c10::StorageImpl*, 4> returned;
   auto result = [&](const at::Tensor& t) {
     note_result(t);
@@ -594,14 +597,18 @@ std::unique_ptr<ReadTrace::ObservedCall> ReadTrace::observed_begin(
   auto call = std::make_unique<ObservedCall>(op);
   call->chain = active_chain(tls_active);
   call->progress.resize(call->chain.size());
+  OwnWork own;
+  const c10::FunctionSchema& schema = call->op.schema();
   for (size_t k = 0; k < call->chain.size(); ++k)
-    call->chain[k]->begin_call(call->op, args, call->progress[k]);
+    call->chain[k]->begin_call(call->op, schema, args, call->progress[k]);
   return call;
 }
 
 void ReadTrace::observed_end(ObservedCall& call, c10::ArrayRef<c10::IValue> returns) {
+  OwnWork own;
+  const c10::FunctionSchema& schema = call.op.schema();
   for (size_t k = 0; k < call.chain.size(); ++k)
-    call.chain[k]->end_call(call.op, returns, call.progress[k]);
+    call.chain[k]->end_call(call.op, schema, returns, call.progress[k]);
 }
 
 void ReadTrace::dispatch(ReadTrace* innermost, const c10::OperatorHandle& op,
@@ -609,10 +616,14 @@ void ReadTrace::dispatch(ReadTrace* innermost, const c10::OperatorHandle& op,
   // Every trace active on this thread records the call, innermost first.
   const c10::SmallVector<ReadTrace*, 4> chain = active_chain(innermost);
   c10::SmallVector<CallInProgress, 4> progress(chain.size());
+  const c10::FunctionSchema& schema = op.schema();
   bool nested = false;
-  for (size_t k = 0; k < chain.size(); ++k) {
-    chain[k]->begin_call(op, *stack, progress[k]);
-    nested = nested || chain[k]->records_nested();
+  {
+    OwnWork own;
+    for (size_t k = 0; k < chain.size(); ++k) {
+      chain[k]->begin_call(op, schema, *stack, progress[k]);
+      nested = nested || chain[k]->records_nested();
+    }
   }
   try {
     if (nested) {
@@ -627,7 +638,8 @@ void ReadTrace::dispatch(ReadTrace* innermost, const c10::OperatorHandle& op,
     for (ReadTrace* t : chain) --t->depth_;
     throw;
   }
-  for (size_t k = 0; k < chain.size(); ++k) chain[k]->end_call(op, *stack, progress[k]);
+  OwnWork own;
+  for (size_t k = 0; k < chain.size(); ++k) chain[k]->end_call(op, schema, *stack, progress[k]);
 }
 
 }  // namespace reloadsafe::trace

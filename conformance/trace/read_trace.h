@@ -101,6 +101,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/ArrayRef.h>
 #include <c10/util/SmallVector.h>
+#include <c10/util/flat_hash_map.h>
 
 #include <cstdint>
 #include <functional>
@@ -257,11 +258,13 @@ class ReadTrace {
   // The traces active on this thread, `innermost` first.
   static c10::SmallVector<ReadTrace*, 4> active_chain(ReadTrace* innermost);
   // `args`: the op's arguments (the last ones are used, or none if fewer
-  // than the schema has); `returns` likewise its results.
-  void begin_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
-                  CallInProgress& call);
-  void end_call(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> returns,
-                CallInProgress& call);
+  // than the schema has); `returns` likewise its results. `schema`:
+  // op.schema(). Called with the trace key excluded and the observer told
+  // (OwnWork in read_trace.cc), once per trace of the chain.
+  void begin_call(const c10::OperatorHandle& op, const c10::FunctionSchema& schema,
+                  c10::ArrayRef<c10::IValue> args, CallInProgress& call);
+  void end_call(const c10::OperatorHandle& op, const c10::FunctionSchema& schema,
+                c10::ArrayRef<c10::IValue> returns, CallInProgress& call);
   bool records_nested() const { return options_.nested; }
   void add_object(OpCall& call, const c10::IValue& v, int arg, const c10::Argument& schema_arg);
   // Records `t` as the read `r` (a new element of an op's reads).
@@ -287,7 +290,8 @@ class ReadTrace {
     bool external;
     c10::weak_intrusive_ptr<c10::StorageImpl> keep;
   };
-  std::unordered_map<const c10::StorageImpl*, Seen> seen_;
+  // Open addressing: one table instead of a node per storage.
+  ska::flat_hash_map<const c10::StorageImpl*, Seen> seen_;
   // First seen inside a nested op on a device without the census; see Note
   // [Inside or before the scope] in read_trace.cc.
   std::vector<const c10::StorageImpl*> pending_;
