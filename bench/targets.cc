@@ -77,7 +77,49 @@ std::optional<int64_t> bytes_of(const std::string& name) {
   }
 }
 
+std::optional<std::string> subject_of(const std::string& pattern, const std::string& name) {
+  const size_t star = pattern.find('*');
+  if (star == std::string::npos) return std::nullopt;
+  const std::string head = pattern.substr(0, star);
+  const std::string tail = pattern.substr(star + 1);
+  if (!starts_with(name, head)) return std::nullopt;
+  const size_t end = name.find('/', head.size());
+  const size_t length = (end == std::string::npos ? name.size() : end) - head.size();
+  if (length == 0) return std::nullopt;
+  if (name.compare(head.size() + length, tail.size(), tail) != 0) return std::nullopt;
+  return name.substr(head.size(), length);
+}
+
 namespace {
+
+// kMedianTimeRatioAtMost: one row, the median over subjects of the
+// candidate's time over its subject's fastest limit.
+void append_median_time_ratio(const Target& t, const std::map<std::string, Measurement>& measured,
+                              std::vector<TargetResult>* results) {
+  std::map<std::string, double> limit;
+  for (const auto& [name, m] : measured) {
+    if (m.time_ns <= 0) continue;
+    if (auto subject = subject_of(t.limit, name)) {
+      auto it = limit.find(*subject);
+      if (it == limit.end() || m.time_ns < it->second) limit[*subject] = m.time_ns;
+    }
+  }
+  std::vector<double> ratios;
+  for (const auto& [name, m] : measured) {
+    auto subject = subject_of(t.candidates, name);
+    if (!subject) continue;
+    auto it = limit.find(*subject);
+    if (it != limit.end()) ratios.push_back(m.time_ns / it->second);
+  }
+  if (ratios.empty()) return;
+  std::sort(ratios.begin(), ratios.end());
+  const size_t n = ratios.size();
+  const double median = n % 2 == 1 ? ratios[n / 2] : (ratios[n / 2 - 1] + ratios[n / 2]) / 2;
+  std::string pattern = t.candidates;
+  if (!pattern.empty() && pattern.back() == '/') pattern.pop_back();
+  results->push_back({t.description, 0, median, t.bound, true, median <= t.bound,
+                      pattern + " (median of " + std::to_string(n) + ")"});
+}
 
 // kTimeRatioAtMost: each candidate's time over the fastest limit of its size
 // (names without a size pair with limits without one).
@@ -123,6 +165,10 @@ std::vector<TargetResult> evaluate_targets(const std::vector<Target>& targets,
     }
     if (t.kind == Target::Kind::kTimeRatioAtMost) {
       append_time_ratios(t, measured, &results);
+      continue;
+    }
+    if (t.kind == Target::Kind::kMedianTimeRatioAtMost) {
+      append_median_time_ratio(t, measured, &results);
       continue;
     }
     // The limit of each size (the fastest of the alternatives), then the

@@ -55,6 +55,13 @@ struct Target {
     /// every candidate: time per iteration / the limit's (same bytes, or both
     /// without a size) <= bound: a cost against the work it cannot avoid
     kTimeRatioAtMost,
+    /// the median over subjects of time / the limit's time <= bound. Here
+    /// `candidates` and `limit` are patterns in which one `*` stands for one
+    /// name component, the subject ("BM_HarnessRun/*/traced/" against
+    /// "BM_HarnessRun/*/untraced/"): a candidate is paired with the limit of
+    /// the same subject (the fastest, for several), and one row judges the
+    /// median of the pairs' ratios
+    kMedianTimeRatioAtMost,
   };
   Kind kind;
   std::string description;
@@ -88,6 +95,12 @@ std::vector<std::string> limit_prefixes(const std::string& limit);
 
 /// The `bytes:<N>` argument of a benchmark name, if it has one.
 std::optional<int64_t> bytes_of(const std::string& name);
+
+/// The component of `name` that the one `*` of `pattern` stands for, if
+/// `name` starts with the pattern ("BM_Run/*/traced/" and
+/// "BM_Run/marlin/traced/process_time" -> "marlin"). A pattern without `*`
+/// or a component with a '/' matches nothing.
+std::optional<std::string> subject_of(const std::string& pattern, const std::string& name);
 
 /// Judges each target on `measured` (keyed by benchmark name without the
 /// aggregate suffix). Targets with nothing to compare produce no rows.
