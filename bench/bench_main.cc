@@ -75,11 +75,14 @@ std::string basis_of(const std::map<std::string, Measurement>& measured) {
 }
 
 // "prefix=limit;..." for the context: the ratio targets' pairs, then the
-// binary's other references, each once.
+// binary's other references, each once. A median target's patterns name no
+// benchmark prefix (its pairs are each sample's own targets).
 std::string references_of(const BenchMainOptions& options) {
   std::vector<std::pair<std::string, std::string>> pairs;
   for (const Target& t : options.targets) {
-    if (t.kind != Target::Kind::kTimeAtMost) pairs.emplace_back(t.candidates, t.limit);
+    if (t.kind != Target::Kind::kTimeAtMost && t.kind != Target::Kind::kMedianTimeRatioAtMost) {
+      pairs.emplace_back(t.candidates, t.limit);
+    }
   }
   for (const LimitReference& r : options.references) pairs.emplace_back(r.benchmarks, r.limit);
   std::string out;
