@@ -56,8 +56,12 @@ struct MedianCase {
 };
 
 TEST(TargetsTest, MedianTimeRatioTable) {
-  const Target target{Target::Kind::kMedianTimeRatioAtMost, "overhead", "BM_Run/*/traced/",
-                      "BM_Run/*/untraced/", 0, 1.3};
+  const Target target{Target::Kind::kMedianTimeRatioAtMost,
+                      "overhead",
+                      "BM_Run/*/traced/",
+                      "BM_Run/*/untraced/",
+                      0,
+                      1.3};
   const std::vector<MedianCase> cases = {
       {"odd count: the middle ratio, however far out the others are",
        {{"BM_Run/a/traced/process_time", time_ns(120)},
@@ -118,8 +122,8 @@ TEST(TargetsTest, MedianTimeRatioTable) {
 }
 
 TEST(TargetsTest, TimeRatioJudgesEachCandidateAgainstItsOwnLimit) {
-  const Target target{Target::Kind::kTimeRatioAtMost, "own work", "BM_Run/a/traced/",
-                      "BM_Own/a/", 0, 3.0};
+  const Target target{
+      Target::Kind::kTimeRatioAtMost, "own work", "BM_Run/a/traced/", "BM_Own/a/", 0, 3.0};
   const std::map<std::string, Measurement> measured = {
       {"BM_Run/a/traced/process_time", time_ns(320)},
       {"BM_Own/a/process_time", time_ns(100)},
@@ -132,8 +136,8 @@ TEST(TargetsTest, TimeRatioJudgesEachCandidateAgainstItsOwnLimit) {
 }
 
 TEST(TargetsTest, BestAtLeastTakesTheFastestCandidateOfEachSize) {
-  const Target target{Target::Kind::kBestAtLeast, "best vs memcpy", "BM_Copy/", "BM_Limit/",
-                      1024, 0.9};
+  const Target target{
+      Target::Kind::kBestAtLeast, "best vs memcpy", "BM_Copy/", "BM_Limit/", 1024, 0.9};
   const std::map<std::string, Measurement> measured = {
       {"BM_Copy/slow/bytes:4096", throughput(10)},
       {"BM_Copy/fast/bytes:4096", throughput(95)},
@@ -150,8 +154,12 @@ TEST(TargetsTest, BestAtLeastTakesTheFastestCandidateOfEachSize) {
 }
 
 TEST(TargetsTest, PrintedRowNamesTheSeriesAndHowManySubjects) {
-  const Target target{Target::Kind::kMedianTimeRatioAtMost, "overhead", "BM_Run/*/traced/",
-                      "BM_Run/*/untraced/", 0, 1.3};
+  const Target target{Target::Kind::kMedianTimeRatioAtMost,
+                      "overhead",
+                      "BM_Run/*/traced/",
+                      "BM_Run/*/untraced/",
+                      0,
+                      1.3};
   const std::map<std::string, Measurement> measured = {
       {"BM_Run/a/traced/process_time", time_ns(120)},
       {"BM_Run/a/untraced/process_time", time_ns(100)},

@@ -498,8 +498,7 @@ void ReadTrace::end_call(const c10::OperatorHandle& op, const c10::FunctionSchem
                          c10::ArrayRef<c10::IValue> stack, CallInProgress& progress) {
   --depth_;
   if (!progress.recorded) return;
-  const size_t num_returns =
-      stack.size() >= schema.returns().size() ? schema.returns().size() : 0;
+  const size_t num_returns = stack.size() >= schema.returns().size() ? schema.returns().size() : 0;
   c10::SmallVector<const c10::StorageImpl*, 4> returned;
   auto result = [&](const at::Tensor& t) {
     note_result(t);
