@@ -1,5 +1,7 @@
 #include "conformance/harness/harness.h"
 
+#include "conformance/harness/checkpoint_pools.h"
+
 #include "utils/parameter_names.h"
 #include "utils/reload_context.h"
 #include "utils/tensor_attrs.h"
@@ -24,75 +26,6 @@ Checkpoint checkpoint_layouts(const Layer& layer) {
     }
   }
   return layouts;
-}
-
-// Note [Checkpoints from a pool]
-// A reload needs a checkpoint whose every value differs from the last one's.
-// Drawing each from the random generator cost a fifth of a harness run on
-// the samples (callgrind: randn's normal_ alone, at some 60 instructions an
-// element). So each checkpoint tensor has a pool of random values, drawn
-// once per layer (floats from a normal distribution, integers from [0, 100)):
-// numel + kWindows elements, held as a tensor with the checkpoint layout at
-// the start of its storage. The checkpoint of a seed is a window of the pool
-// at an offset derived from the seed and, for floating dtypes, times a scale
-// in [0.5, 2) derived from the seed: from one seed to another every element
-// changes, and not all by one factor (a multiple would quantize to the same
-// bytes). Each checkpoint is a new tensor of its own; python/reloadsafe/
-// loading.py (CheckpointDrawer) draws Python checkpoints the same way.
-constexpr int64_t kWindows = 1031;
-
-uint64_t mix_seed(uint64_t z) {  // SplitMix64's finaliser
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-// The pools for `layouts` (meta tensors, or pools already), drawn from one
-// generator of a fixed seed: every pool of a layout is the same.
-Checkpoint checkpoint_pools(const Checkpoint& layouts) {
-  at::Generator gen = at::detail::createCPUGenerator(0x5EED);
-  Checkpoint pools;
-  for (const auto& [name, layout] : layouts) {
-    if (!layout.is_meta()) {
-      pools.emplace(name, layout);
-      continue;
-    }
-    const int64_t size = layout.numel() + kWindows;
-    at::Tensor pool;
-    if (at::isFloatingType(layout.scalar_type())) {
-      pool = at::randn({size}, gen, at::kFloat).to(layout.scalar_type());
-    } else {
-      pool = at::randint(0, 100, {size}, gen, at::TensorOptions().dtype(layout.scalar_type()));
-    }
-    pools.emplace(name,
-                  pool.as_strided(layout.sizes(), c10::contiguous_strides(layout.sizes()), 0));
-  }
-  return pools;
-}
-
-// The checkpoint of `seed` from `pools` (checkpoint_pools), on the CPU
-// (where an mmap'd checkpoint lives).
-Checkpoint draw_from_pools(const Checkpoint& pools, uint64_t seed) {
-  const uint64_t h = mix_seed(seed);
-  const auto offset = static_cast<int64_t>(h % static_cast<uint64_t>(kWindows));
-  const double scale = 0.5 + 1.5 * static_cast<double>(h >> 11) / 9007199254740992.0;  // 2^53
-  Checkpoint ckpt;
-  for (const auto& [name, pool] : pools) {
-    const at::Tensor window = pool.as_strided(pool.sizes(), pool.strides(), offset);
-    const at::ScalarType dtype = pool.scalar_type();
-    at::Tensor t;
-    if (dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf ||
-        dtype == at::kBFloat16) {
-      t = window.mul(scale);
-    } else if (at::isFloatingType(dtype)) {
-      t = window.to(at::kFloat).mul_(scale).to(dtype);  // float8: no CPU multiplication
-    } else {
-      t = window.clone();
-    }
-    ckpt.emplace(name, t);
-  }
-  return ckpt;
 }
 
 void load(Layer& layer, const Checkpoint& ckpt) {

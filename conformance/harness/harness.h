@@ -40,7 +40,7 @@ class ReloadSession {
   Layer& layer() { return *layer_; }
 
   /// The checkpoint of `seed` for this layer, on the CPU (where an mmap'd
-  /// checkpoint lives; Note [Checkpoints from a pool] in harness.cc).
+  /// checkpoint lives; Note [Checkpoints from a pool] in checkpoint_pools.h).
   Checkpoint draw_checkpoint(uint64_t seed) const;
 
   /// A reload as an engine does it: `ckpt` through the same loaders, then

@@ -1,0 +1,138 @@
+#include "conformance/harness/checkpoint_pools.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/OpMathType.h>
+#include <ATen/TensorIterator.h>
+
+#include <cstring>
+
+namespace reloadsafe::harness {
+namespace {
+
+uint64_t mix_seed(uint64_t z) {  // SplitMix64's finaliser
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Whether `pool`'s window at `offset` is drawn in place: a dense CPU pool at
+// the start of a storage that holds the window, dispatching nowhere else, and
+// small enough that ATen would run the multiplication on one thread too (its
+// grain size); a larger one goes through the op, threaded and vectorized.
+bool drawn_in_place(const at::Tensor& pool, int64_t offset) {
+  if (pool.numel() >= at::internal::GRAIN_SIZE || !pool.device().is_cpu() ||
+      pool.layout() != at::kStrided || !pool.has_storage() ||
+      pool.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python) ||
+      pool.storage_offset() != 0 || !pool.is_contiguous() || pool.is_conj() || pool.is_neg()) {
+    return false;
+  }
+  const auto needed = static_cast<size_t>(offset + pool.numel()) * pool.element_size();
+  return pool.storage().nbytes() >= needed && pool.storage().data() != nullptr;
+}
+
+// n elements from src, times `scale` in T's op-math type, into dst: the
+// arithmetic of at::mul(tensor, double) on the CPU.
+template <typename T>
+void scale_into(const void* src, void* dst, int64_t n, double scale) {
+  using Math = at::opmath_type<T>;
+  const auto s = static_cast<Math>(scale);
+  const T* in = static_cast<const T*>(src);
+  T* out = static_cast<T*>(dst);
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(static_cast<Math>(in[i]) * s);
+}
+
+// The window as a new tensor, or an undefined one where the dtype has no
+// loop here (float8: through ATen ops instead).
+at::Tensor draw_in_place(const at::Tensor& pool, const PoolWindow& w) {
+  const at::ScalarType dtype = pool.scalar_type();
+  const int64_t n = pool.numel();
+  const size_t item = pool.element_size();
+  const char* src = static_cast<const char*>(pool.storage().data()) + w.offset * item;
+  const bool floating = at::isFloatingType(dtype);
+  if (floating && dtype != at::kFloat && dtype != at::kDouble && dtype != at::kHalf &&
+      dtype != at::kBFloat16) {
+    return at::Tensor();
+  }
+  at::Tensor out(at::detail::empty_cpu(pool.sizes(), dtype));
+  void* dst = out.mutable_data_ptr();
+  if (n == 0) return out;
+  switch (dtype) {
+    case at::kFloat:
+      scale_into<float>(src, dst, n, w.scale);
+      break;
+    case at::kDouble:
+      scale_into<double>(src, dst, n, w.scale);
+      break;
+    case at::kHalf:
+      scale_into<at::Half>(src, dst, n, w.scale);
+      break;
+    case at::kBFloat16:
+      scale_into<at::BFloat16>(src, dst, n, w.scale);
+      break;
+    default:  // integers and bool: the window unscaled
+      std::memcpy(dst, src, static_cast<size_t>(n) * item);
+  }
+  return out;
+}
+
+// The same through ATen ops, for any pool (contiguous, whatever the pool's
+// strides: elementwise ops keep them).
+at::Tensor draw_with_ops(const at::Tensor& pool, const PoolWindow& w) {
+  const at::Tensor window = pool.as_strided(pool.sizes(), pool.strides(), w.offset);
+  const at::ScalarType dtype = pool.scalar_type();
+  if (dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf || dtype == at::kBFloat16) {
+    return window.mul(w.scale).contiguous();
+  }
+  if (at::isFloatingType(dtype)) {
+    return window.to(at::kFloat).mul_(w.scale).to(dtype).contiguous();  // float8: no CPU mul
+  }
+  return window.clone(at::MemoryFormat::Contiguous);
+}
+
+}  // namespace
+
+PoolWindow pool_window(uint64_t seed) {
+  const uint64_t h = mix_seed(seed);
+  PoolWindow w;
+  w.offset = static_cast<int64_t>(h % static_cast<uint64_t>(kPoolWindows));
+  w.scale = 0.5 + 1.5 * static_cast<double>(h >> 11) / 9007199254740992.0;  // 2^53
+  return w;
+}
+
+Checkpoint checkpoint_pools(const Checkpoint& layouts) {
+  at::Generator gen = at::detail::createCPUGenerator(0x5EED);
+  Checkpoint pools;
+  for (const auto& [name, layout] : layouts) {
+    if (!layout.is_meta()) {
+      pools.emplace(name, layout);
+      continue;
+    }
+    const int64_t size = layout.numel() + kPoolWindows;
+    at::Tensor pool;
+    if (at::isFloatingType(layout.scalar_type())) {
+      pool = at::randn({size}, gen, at::kFloat).to(layout.scalar_type());
+    } else {
+      pool = at::randint(0, 100, {size}, gen, at::TensorOptions().dtype(layout.scalar_type()));
+    }
+    pools.emplace(name,
+                  pool.as_strided(layout.sizes(), c10::contiguous_strides(layout.sizes()), 0));
+  }
+  return pools;
+}
+
+Checkpoint draw_from_pools(const Checkpoint& pools, uint64_t seed) {
+  const PoolWindow w = pool_window(seed);
+  Checkpoint ckpt;
+  for (const auto& [name, pool] : pools) {
+    at::Tensor t;
+    if (drawn_in_place(pool, w.offset)) t = draw_in_place(pool, w);
+    if (!t.defined()) t = draw_with_ops(pool, w);
+    ckpt.emplace(name, std::move(t));
+  }
+  return ckpt;
+}
+
+}  // namespace reloadsafe::harness
