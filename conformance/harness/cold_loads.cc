@@ -49,6 +49,18 @@ bool fingerprint(const Checkpoint& ckpt, const at::Tensor& x, uint64_t* out) {
   return true;
 }
 
+// Whether `t` is the only handle on its bytes and they are exactly its own:
+// no other tensor object and no other tensor on its storage (a workspace
+// the layer keeps and writes again, a view of a weight), contiguous from the
+// storage's start and as large as the storage. Such an output can be kept
+// as it is: nothing else can write it, and it keeps nothing else alive.
+bool sole_owner_of_its_bytes(const at::Tensor& t) {
+  return t.use_count() == 1 && t.has_storage() && t.storage().use_count() == 1 &&
+         t.storage_offset() == 0 && t.is_contiguous() && !t.is_conj() && !t.is_neg() &&
+         !t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python) &&
+         t.storage().nbytes() == static_cast<size_t>(t.numel()) * t.element_size();
+}
+
 }  // namespace
 
 at::Tensor ColdLoadOutputs::forward(int r, const Checkpoint& ckpt, const at::Tensor& x,
@@ -62,9 +74,9 @@ at::Tensor ColdLoadOutputs::forward(int r, const Checkpoint& ckpt, const at::Ten
   at::Tensor out = cold_forward();
   if (printed && kept_.count(r) == 0 && out.defined() && out.device().is_cpu() &&
       out.layout() == at::kStrided) {
-    at::Tensor copy = out.clone(at::MemoryFormat::Contiguous);
-    kept_bytes_ += static_cast<int64_t>(copy.storage().nbytes());
-    kept_[r] = Kept{print, std::move(copy)};
+    at::Tensor kept = sole_owner_of_its_bytes(out) ? out : out.clone(at::MemoryFormat::Contiguous);
+    kept_bytes_ += static_cast<int64_t>(kept.storage().nbytes());
+    kept_[r] = Kept{print, std::move(kept)};
   }
   return out;
 }

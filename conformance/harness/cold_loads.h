@@ -7,14 +7,15 @@
 // depend on the reload's number only) into the same input, so the second
 // mode's cold loads would recompute the first's: a new layer, a load, a
 // post-processing and a forward per reload, as much as the reload itself.
-// On the CPU each cold-load output is kept (a copy of its bytes) for the
-// mode after, with a fingerprint of what it was computed from (every
+// On the CPU each cold-load output is kept for the mode after (as it is
+// where the output is the only handle on a storage of its own, else a copy
+// of its bytes), with a fingerprint of what it was computed from (every
 // checkpoint tensor's name, dtype, sizes and bytes, and the input's), and
 // reused only when the later checkpoint and input have the same fingerprint;
 // a subject whose checkpoints or inputs differ for the same seed gets its
 // own cold loads as before. A cold load that depends on anything but the
 // checkpoint (a random rotation drawn at load) fails the comparison within
-// the first mode already. The kept copies are the protocol's, not the
+// the first mode already. The kept outputs are the protocol's, not the
 // subject's: the memory census of the mode that makes them does not count
 // them.
 //

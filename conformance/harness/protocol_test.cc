@@ -26,7 +26,10 @@ class CountingSubject : public ReloadSubject {
     at::Generator gen = at::detail::createCPUGenerator(vary ? seed + 7 * ++draws : seed);
     return {{"w", at::randn({8, 16}, gen)}};
   }
-  void cold_load(const Checkpoint& ckpt) override { w_ = ckpt.at("w").clone(); }
+  void cold_load(const Checkpoint& ckpt) override {
+    w_ = ckpt.at("w").clone();
+    if (cold_output_buffer) out_buf_ = at::empty({4, 8});
+  }
   void reload(ReloadMode mode, const Checkpoint& ckpt) override {
     if (rebuild_at == ++reloads_seen) {
       w_ = ckpt.at("w").clone();  // a new tensor: every captured read of w is stale
@@ -42,6 +45,8 @@ class CountingSubject : public ReloadSubject {
   at::Tensor cold_forward(const Checkpoint& ckpt, const at::Tensor& x) override {
     ++cold_forwards;
     const at::Tensor w = ckpt.at("w").clone();
+    // Every cold forward's output in the one buffer the subject keeps.
+    if (cold_output_buffer) return at::mm_out(out_buf_, x, w.t());
     at::Tensor y = at::mm(x, w.t());
     return scale_from_checkpoint ? at::mul(y, scale_of(w)) : y;
   }
@@ -58,6 +63,7 @@ class CountingSubject : public ReloadSubject {
   bool vary = false;
   bool wrong_in_direct = false;
   bool scale_from_checkpoint = false;
+  bool cold_output_buffer = false;
   int rebuild_at = 0;  ///< the reload (counted over both modes) that rebuilds w
   int reloads_seen = 0;
   int draws = 0;
@@ -65,6 +71,7 @@ class CountingSubject : public ReloadSubject {
 
  private:
   at::Tensor w_;
+  at::Tensor out_buf_;
 };
 
 RunOptions options(int reloads, bool trace) {
@@ -87,6 +94,16 @@ TEST(Protocol, TheSecondModeReusesTheFirstModesColdLoadsOfTheSameCheckpoints) {
       EXPECT_EQ(m.memory_bytes[1], m.memory_bytes.back()) << to_string(m.mode);
     }
   }
+}
+
+TEST(Protocol, AColdLoadOutputTheSubjectWritesAgainIsKeptAsACopy) {
+  // The second mode compares against what each cold load gave then, not
+  // what the subject's buffer holds after the last one.
+  CountingSubject subject;
+  subject.cold_output_buffer = true;
+  const BackendReport report = run_subject(subject, options(5, false));
+  EXPECT_TRUE(report.ok()) << to_table({report});
+  EXPECT_EQ(subject.cold_forwards, 5);
 }
 
 TEST(Protocol, CheckpointsThatDifferForTheSameSeedGetColdLoadsOfTheirOwn) {
