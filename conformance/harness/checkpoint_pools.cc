@@ -33,15 +33,26 @@ bool drawn_in_place(const at::Tensor& pool, int64_t offset) {
   return pool.storage().nbytes() >= needed && pool.storage().data() != nullptr;
 }
 
-// n elements from src, times `scale` in T's op-math type, into dst: the
-// arithmetic of at::mul(tensor, double) on the CPU.
+// kBlock elements from `in`, times `s`, into `out`: a loop of a fixed length
+// over pointers that do not alias, which the compiler vectorizes at -O2.
+constexpr int64_t kBlock = 16;
+template <typename T, typename Math>
+void scale_block(const T* __restrict in, T* __restrict out, Math s) {
+  for (int64_t j = 0; j < kBlock; ++j) out[j] = static_cast<T>(static_cast<Math>(in[j]) * s);
+}
+
+// n elements from src, times `scale` in T's op-math type, into dst (a new
+// tensor's bytes: the two never overlap): the arithmetic of
+// at::mul(tensor, double) on the CPU.
 template <typename T>
 void scale_into(const void* src, void* dst, int64_t n, double scale) {
   using Math = at::opmath_type<T>;
   const auto s = static_cast<Math>(scale);
   const T* in = static_cast<const T*>(src);
   T* out = static_cast<T*>(dst);
-  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(static_cast<Math>(in[i]) * s);
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) scale_block<T, Math>(in + i, out + i, s);
+  for (; i < n; ++i) out[i] = static_cast<T>(static_cast<Math>(in[i]) * s);
 }
 
 // The window as a new tensor, or an undefined one where the dtype has no
