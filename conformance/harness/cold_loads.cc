@@ -11,19 +11,31 @@ uint64_t mix(uint64_t h, uint64_t v) {
   h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
   return h * 0xFF51AFD7ED558CCDull;
 }
-// One pass over the bytes, eight at a time (FNV-style, 64 bits).
+// One pass over the bytes in four independent lanes of eight bytes each (a
+// multiply's latency is not waited for at every word; FNV-style, 64 bits).
+// Each step, x -> (x ^ w) * odd, is a bijection of the lane and of the word,
+// and so is each step of the fold of the lanes: a single changed word always
+// changes the result.
 uint64_t mix_bytes(uint64_t h, const at::Tensor& t) {
+  constexpr uint64_t kPrime = 0x100000001B3ull;
   const at::Tensor c = t.is_contiguous() ? t : t.contiguous();
   const auto* p = static_cast<const unsigned char*>(c.const_data_ptr());
   const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
+  uint64_t lane[4] = {h, h ^ 1, h ^ 2, h ^ 3};
+  const auto word = [&](size_t at) {
     uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    h = (h ^ w) * 0x100000001B3ull;
+    std::memcpy(&w, p + at, 8);
+    return w;
+  };
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (int k = 0; k < 4; ++k) lane[k] = (lane[k] ^ word(i + 8 * k)) * kPrime;
   }
-  for (; i < n; ++i) h = (h ^ p[i]) * 0x100000001B3ull;
-  return mix(h, n);
+  for (; i + 8 <= n; i += 8) lane[0] = (lane[0] ^ word(i)) * kPrime;
+  for (; i < n; ++i) lane[0] = (lane[0] ^ p[i]) * kPrime;
+  uint64_t out = lane[0];
+  for (int k = 1; k < 4; ++k) out = (out ^ lane[k]) * kPrime;
+  return (out ^ static_cast<uint64_t>(n)) * kPrime;
 }
 // Mixes t's dtype, sizes and bytes into *h; false for a tensor whose bytes
 // are not simply there to read (not a dense CPU tensor, a Python subclass).
