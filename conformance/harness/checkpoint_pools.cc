@@ -18,11 +18,11 @@ uint64_t mix_seed(uint64_t z) {  // SplitMix64's finaliser
   return z ^ (z >> 31);
 }
 
-// Whether `pool`'s window at `offset` is drawn in place: a dense CPU pool at
-// the start of a storage that holds the window, dispatching nowhere else, and
-// small enough that ATen would run the multiplication on one thread too (its
-// grain size); a larger one goes through the op, threaded and vectorized.
-bool drawn_in_place(const at::Tensor& pool, int64_t offset) {
+// Whether `pool`'s window at `offset` is drawn by the loop below: a dense
+// CPU pool at the start of a storage that holds the window, dispatching
+// nowhere else, and smaller than ATen's grain size (where at::mul would use
+// one thread too); a larger one goes through the op, threaded and vectorized.
+bool drawn_by_loop(const at::Tensor& pool, int64_t offset) {
   if (pool.numel() >= at::internal::GRAIN_SIZE || !pool.device().is_cpu() ||
       pool.layout() != at::kStrided || !pool.has_storage() ||
       pool.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python) ||
@@ -57,7 +57,7 @@ void scale_into(const void* src, void* dst, int64_t n, double scale) {
 
 // The window as a new tensor, or an undefined one where the dtype has no
 // loop here (float8: through ATen ops instead).
-at::Tensor draw_in_place(const at::Tensor& pool, const PoolWindow& w) {
+at::Tensor draw_by_loop(const at::Tensor& pool, const PoolWindow& w) {
   const at::ScalarType dtype = pool.scalar_type();
   const int64_t n = pool.numel();
   const size_t item = pool.element_size();
@@ -139,7 +139,7 @@ Checkpoint draw_from_pools(const Checkpoint& pools, uint64_t seed) {
   Checkpoint ckpt;
   for (const auto& [name, pool] : pools) {
     at::Tensor t;
-    if (drawn_in_place(pool, w.offset)) t = draw_in_place(pool, w);
+    if (drawn_by_loop(pool, w.offset)) t = draw_by_loop(pool, w);
     if (!t.defined()) t = draw_with_ops(pool, w);
     ckpt.emplace(name, std::move(t));
   }
