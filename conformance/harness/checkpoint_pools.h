@@ -23,8 +23,8 @@
 // ops.
 //
 // Invariant: every tensor a draw returns is new, with a storage of its own
-// and the pool's sizes and dtype, contiguous, on the CPU; the pools are only
-// read.
+// and the pool's sizes, dtype and device (the CPU, for pools drawn here),
+// contiguous; the pools are only read.
 #pragma once
 
 #include "conformance/harness/subject.h"
@@ -51,9 +51,10 @@ PoolWindow pool_window(uint64_t seed);
 /// one generator of a fixed seed: the same layouts give the same pools.
 Checkpoint checkpoint_pools(const Checkpoint& layouts);
 
-/// The checkpoint of `seed` from `pools` (checkpoint_pools), on the CPU
-/// (where an mmap'd checkpoint lives): each entry the pool's window of
-/// pool_window(seed), floating dtypes times its scale, as a new tensor.
+/// The checkpoint of `seed` from `pools` (checkpoint_pools), on the pools'
+/// device (the CPU, where an mmap'd checkpoint lives, for pools drawn
+/// here): each entry the pool's window of pool_window(seed), floating dtypes
+/// times its scale, as a new tensor.
 Checkpoint draw_from_pools(const Checkpoint& pools, uint64_t seed);
 
 }  // namespace reloadsafe::harness
