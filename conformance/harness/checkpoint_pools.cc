@@ -1,5 +1,7 @@
 #include "conformance/harness/checkpoint_pools.h"
 
+#include "conformance/harness/values.h"
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
@@ -18,15 +20,23 @@ uint64_t mix_seed(uint64_t z) {  // SplitMix64's finaliser
   return z ^ (z >> 31);
 }
 
+// The floating dtypes a CPU at::mul scales directly (float8 has no CPU
+// multiplication: it goes through float).
+bool scaled_by_mul(at::ScalarType dtype) {
+  return dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf ||
+         dtype == at::kBFloat16;
+}
+
 // Whether `pool`'s window at `offset` is drawn by the loop below: a dense
-// CPU pool at the start of a storage that holds the window, dispatching
-// nowhere else, and smaller than ATen's grain size (where at::mul would use
-// one thread too); a larger one goes through the op, threaded and vectorized.
+// CPU pool (plain_cpu_bytes) at the start of a storage that holds the window,
+// of a dtype the loop handles (integers, bool, and the dtypes at::mul
+// scales), smaller than ATen's grain size (where at::mul would use one
+// thread too); any other goes through the op, threaded and vectorized.
 bool drawn_by_loop(const at::Tensor& pool, int64_t offset) {
-  if (pool.numel() >= at::internal::GRAIN_SIZE || !pool.device().is_cpu() ||
-      pool.layout() != at::kStrided || !pool.has_storage() ||
-      pool.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python) ||
-      pool.storage_offset() != 0 || !pool.is_contiguous() || pool.is_conj() || pool.is_neg()) {
+  const at::ScalarType dtype = pool.scalar_type();
+  if (pool.numel() >= at::internal::GRAIN_SIZE || !plain_cpu_bytes(pool) ||
+      pool.storage_offset() != 0 || pool.is_conj() || pool.is_neg() ||
+      (at::isFloatingType(dtype) && !scaled_by_mul(dtype))) {
     return false;
   }
   const auto needed = static_cast<size_t>(offset + pool.numel()) * pool.element_size();
@@ -55,18 +65,12 @@ void scale_into(const void* src, void* dst, int64_t n, double scale) {
   for (; i < n; ++i) out[i] = static_cast<T>(static_cast<Math>(in[i]) * s);
 }
 
-// The window as a new tensor, or an undefined one where the dtype has no
-// loop here (float8: through ATen ops instead).
+// The window as a new tensor, for a pool drawn_by_loop() accepts.
 at::Tensor draw_by_loop(const at::Tensor& pool, const PoolWindow& w) {
   const at::ScalarType dtype = pool.scalar_type();
   const int64_t n = pool.numel();
   const size_t item = pool.element_size();
   const char* src = static_cast<const char*>(pool.storage().data()) + w.offset * item;
-  const bool floating = at::isFloatingType(dtype);
-  if (floating && dtype != at::kFloat && dtype != at::kDouble && dtype != at::kHalf &&
-      dtype != at::kBFloat16) {
-    return at::Tensor();
-  }
   at::Tensor out(at::detail::empty_cpu(pool.sizes(), dtype));
   void* dst = out.mutable_data_ptr();
   if (n == 0) return out;
@@ -94,7 +98,7 @@ at::Tensor draw_by_loop(const at::Tensor& pool, const PoolWindow& w) {
 at::Tensor draw_with_ops(const at::Tensor& pool, const PoolWindow& w) {
   const at::Tensor window = pool.as_strided(pool.sizes(), pool.strides(), w.offset);
   const at::ScalarType dtype = pool.scalar_type();
-  if (dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf || dtype == at::kBFloat16) {
+  if (scaled_by_mul(dtype)) {
     return window.mul(w.scale).contiguous();
   }
   if (at::isFloatingType(dtype)) {
@@ -138,10 +142,8 @@ Checkpoint draw_from_pools(const Checkpoint& pools, uint64_t seed) {
   const PoolWindow w = pool_window(seed);
   Checkpoint ckpt;
   for (const auto& [name, pool] : pools) {
-    at::Tensor t;
-    if (drawn_by_loop(pool, w.offset)) t = draw_by_loop(pool, w);
-    if (!t.defined()) t = draw_with_ops(pool, w);
-    ckpt.emplace(name, std::move(t));
+    ckpt.emplace(name,
+                 drawn_by_loop(pool, w.offset) ? draw_by_loop(pool, w) : draw_with_ops(pool, w));
   }
   return ckpt;
 }

@@ -1,5 +1,7 @@
 #include "conformance/harness/cold_loads.h"
 
+#include "conformance/harness/values.h"
+
 #include <ATen/ATen.h>
 
 #include <cstring>
@@ -67,9 +69,8 @@ bool fingerprint(const Checkpoint& ckpt, const at::Tensor& x, uint64_t* out) {
 // storage's start and as large as the storage. Such an output can be kept
 // as it is: nothing else can write it, and it keeps nothing else alive.
 bool sole_owner_of_its_bytes(const at::Tensor& t) {
-  return t.use_count() == 1 && t.has_storage() && t.storage().use_count() == 1 &&
-         t.storage_offset() == 0 && t.is_contiguous() && !t.is_conj() && !t.is_neg() &&
-         !t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python) &&
+  return t.use_count() == 1 && plain_cpu_bytes(t) && t.storage().use_count() == 1 &&
+         t.storage_offset() == 0 && !t.is_conj() && !t.is_neg() &&
          t.storage().nbytes() == static_cast<size_t>(t.numel()) * t.element_size();
 }
 
