@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <sstream>
+#include <string>
+#include <string_view>
 
 namespace reloadsafe::trace {
 namespace {
@@ -16,9 +18,9 @@ constexpr const char* kRandomOps[] = {"rand",        "normal",   "bernoulli",   
                                       "multinomial", "uniform_", "exponential_", "geometric_",
                                       "cauchy_",     "random_"};
 
-bool is_random(const std::string& op) {
+bool is_random(std::string_view op) {
   return std::any_of(std::begin(kRandomOps), std::end(kRandomOps),
-                     [&](const char* s) { return op.find(s) != std::string::npos; });
+                     [&](const char* s) { return op.find(s) != std::string_view::npos; });
 }
 
 // Whether a retraced call (`b`) is the captured one (`a`) in shape: the
@@ -180,15 +182,17 @@ std::vector<ReadChange> CapturedForward::compare(const ReadTrace& retrace, const
     if (!same_op(a, b)) {
       // A graph replays the captured sequence: from here on nothing lines up.
       out.push_back(ReadChange{"op sequence", "op " + std::to_string(i) + " changed",
-                               a.name + " (depth " + std::to_string(a.depth) + ")",
-                               b.name + " (depth " + std::to_string(b.depth) + ")", ""});
+                               std::string(a.name) + " (depth " + std::to_string(a.depth) + ")",
+                               std::string(b.name) + " (depth " + std::to_string(b.depth) + ")",
+                               ""});
       return out;
     }
     compare_objects(a, b, names, details, out);
     compare_reads(a, b, names, details, out);
   }
   if (before.size() != after.size()) {
-    const std::string extra = before.size() < after.size() ? after[common].name : "(none)";
+    const std::string extra =
+        before.size() < after.size() ? std::string(after[common].name) : "(none)";
     out.push_back(ReadChange{"op sequence", "length changed",
                              std::to_string(before.size()) + " ops",
                              std::to_string(after.size()) + " ops (first new: " + extra + ")", ""});
@@ -199,7 +203,7 @@ std::vector<ReadChange> CapturedForward::compare(const ReadTrace& retrace, const
 std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
   for (const auto& op : trace_->ops()) {
     if (is_random(op.name)) {
-      *why = op.name + " draws random numbers: a replay cannot match a fresh forward";
+      *why = std::string(op.name) + " draws random numbers: a replay cannot match a fresh forward";
       return std::nullopt;
     }
   }

@@ -25,10 +25,12 @@
 #include <c10/util/SmallVector.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <functional>
 #include <mutex>
 #include <string_view>
+#include <unordered_set>
 
 namespace reloadsafe::trace {
 namespace {
@@ -56,19 +58,42 @@ struct OwnWork {
   Bookkeeping bookkeeping;
 };
 
-// "aten::add.Tensor", built once per schema and thread. A schema freed with
-// its library can leave its address to another, so a hit is checked.
-const std::string& op_name(const c10::FunctionSchema& schema) {
-  thread_local std::unordered_map<const c10::FunctionSchema*, std::string> names;
+// Note [Op names]
+// A call names its op by a view of one string per distinct "ns::op.overload"
+// made once for the process and never freed: recording a call copies no
+// name. A thread-local table of a few slots, indexed by the schema's
+// address, finds that string without a lock; a schema freed with its library
+// can leave its address to another, so a hit is confirmed against the
+// schema's name and overload before it is used.
+bool is_name_of(std::string_view full, const c10::FunctionSchema& schema) {
   const std::string& name = schema.name();
   const std::string& overload = schema.overload_name();
-  std::string& cached = names[&schema];
-  const size_t size = name.size() + (overload.empty() ? 0 : overload.size() + 1);
-  if (cached.size() != size || cached.compare(0, name.size(), name) != 0 ||
-      (!overload.empty() && cached.compare(name.size() + 1, overload.size(), overload) != 0)) {
-    cached = overload.empty() ? name : name + "." + overload;
+  if (overload.empty()) return full == name;
+  return full.size() == name.size() + 1 + overload.size() &&
+         full.compare(0, name.size(), name) == 0 && full[name.size()] == '.' &&
+         full.compare(name.size() + 1, overload.size(), overload) == 0;
+}
+
+std::string_view interned(std::string name) {
+  static std::mutex mutex;
+  static auto* names = new std::unordered_set<std::string>();  // never freed: views outlive exit
+  std::lock_guard<std::mutex> lock(mutex);
+  return *names->insert(std::move(name)).first;
+}
+
+std::string_view op_name(const c10::FunctionSchema& schema) {
+  struct Slot {
+    const c10::FunctionSchema* schema = nullptr;
+    std::string_view name;
+  };
+  thread_local std::array<Slot, 64> slots;
+  Slot& slot = slots[(reinterpret_cast<uintptr_t>(&schema) >> 4) % slots.size()];
+  if (slot.schema != &schema || !is_name_of(slot.name, schema)) {
+    const std::string& overload = schema.overload_name();
+    slot.schema = &schema;
+    slot.name = interned(overload.empty() ? schema.name() : schema.name() + "." + overload);
   }
-  return cached;
+  return slot.name;
 }
 
 // Note [The other arguments' fingerprint]
@@ -273,8 +298,9 @@ void register_object_tensors(const std::string& class_name, ObjectTensors fn) {
 
 // The where() strings are built by appending: a report names every read, and
 // a stream per string cost more than the rest of listing them.
-std::string ObjectRead::where(const std::string& op_name) const {
-  std::string s = op_name + " arg " + std::to_string(arg);
+std::string ObjectRead::where(std::string_view op_name) const {
+  std::string s(op_name);
+  s += " arg " + std::to_string(arg);
   if (!arg_name.empty()) s += " (" + arg_name + ")";
   return s;
 }
@@ -283,8 +309,9 @@ std::string ObjectRead::describe() const {
   return class_name + "@" + to_hex(identity);
 }
 
-std::string TensorRead::where(const std::string& op_name) const {
-  std::string s = op_name + " arg " + std::to_string(arg);
+std::string TensorRead::where(std::string_view op_name) const {
+  std::string s(op_name);
+  s += " arg " + std::to_string(arg);
   if (element >= 0) s += "[" + std::to_string(element) + "]";
   if (!arg_name.empty()) s += " (" + arg_name + ")";
   return s;

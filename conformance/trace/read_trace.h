@@ -108,6 +108,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -136,7 +137,7 @@ struct TensorRead : TensorLocation {
   const void* object = nullptr;
 
   /// "aten::mm arg 1 (mat2)"-style position of this read, given its op.
-  std::string where(const std::string& op_name) const;
+  std::string where(std::string_view op_name) const;
 };
 
 /// One opaque (TorchBind) object handed to an op.
@@ -152,7 +153,7 @@ struct ObjectRead {
   const void* payload = nullptr;
 
   /// "aten::mm arg 1 (mat2)"-style position of this read, given its op.
-  std::string where(const std::string& op_name) const;
+  std::string where(std::string_view op_name) const;
   /// "quantized.LinearPackedParamsBase@0x..." (identity).
   std::string describe() const;
 };
@@ -169,8 +170,11 @@ void register_object_tensors(const std::string& class_name, ObjectTensors fn);
 
 /// One op call seen by the trace.
 struct OpCall {
-  std::string name;  ///< "aten::mm", with the overload: "aten::add.Tensor"
-  int depth = 0;     ///< 0: called by the traced code; n: called inside a depth n-1 op
+  /// "aten::mm", with the overload: "aten::add.Tensor". A view of a string
+  /// the trace makes once per op name and never frees (Note [Op names] in
+  /// read_trace.cc): valid for the life of the process.
+  std::string_view name;
+  int depth = 0;  ///< 0: called by the traced code; n: called inside a depth n-1 op
   /// Inline up to kInlineReads reads: a forward's ops mostly read one to
   /// three tensors, and a heap vector per op was a trace's most frequent
   /// allocation.

@@ -10,6 +10,7 @@
 
 #include <set>
 #include <stdexcept>
+#include <string_view>
 #include <thread>
 
 namespace reloadsafe::trace {
@@ -231,8 +232,34 @@ TEST(ReadTrace, ATraceOpenedInsideAnotherLeavesTheOuterOneRecording) {
   at::neg(a);
   outer.stop();
   std::vector<std::string> names;
-  for (const auto& op : outer.ops()) names.push_back(op.name);
+  for (const auto& op : outer.ops()) names.emplace_back(op.name);
   EXPECT_EQ(names, (std::vector<std::string>{"aten::relu", "aten::mm", "aten::neg"}));
+}
+
+// Note [Op names]: a call names its op with the overload, by a view of one
+// string per name that every trace (and every thread) shares.
+TEST(ReadTrace, NamesEachOpWithItsOverloadByOneSharedString) {
+  const at::Tensor a = at::randn({3});
+  const at::Tensor b = at::randn({3});
+  auto names_of = [&] {
+    ReadTrace trace({/*nested=*/false, /*hold_arguments=*/false});
+    at::add(a, b);
+    at::neg(a);
+    at::add(a, 2.0);
+    trace.stop();
+    std::vector<std::string_view> names;
+    for (const auto& op : trace.ops()) names.push_back(op.name);
+    return names;
+  };
+  const std::vector<std::string_view> first = names_of();
+  ASSERT_EQ(first,
+            (std::vector<std::string_view>{"aten::add.Tensor", "aten::neg", "aten::add.Scalar"}));
+  std::vector<std::string_view> other_thread;
+  std::thread([&] { other_thread = names_of(); }).join();
+  for (const std::vector<std::string_view>& again : {names_of(), other_thread}) {
+    ASSERT_EQ(again, first);
+    for (size_t i = 0; i < first.size(); ++i) EXPECT_EQ(again[i].data(), first[i].data());
+  }
 }
 
 TEST(ReadTrace, SeesTensorListsAndSkipsWrappedNumbers) {
