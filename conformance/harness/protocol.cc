@@ -122,8 +122,13 @@ Capture capture(ReloadSubject& subject, const at::Tensor& x) {
 // excluded), warns once for each undeclared one, and refuses a forward the
 // trace cannot see.
 void count_reads(const Capture& c, ModeReport& report) {
-  const std::vector<CapturedRead> reads = c.forward->reads(*c.names);
-  const DistinctReads distinct = distinct_reads(reads);
+  // Counted without formatting a read; formatted again only to warn.
+  std::vector<CapturedRead> reads = c.forward->reads(*c.names, /*details=*/false);
+  DistinctReads distinct = distinct_reads(reads);
+  if (!distinct.undeclared.empty()) {
+    reads = c.forward->reads(*c.names);
+    distinct = distinct_reads(reads);
+  }
   for (const CapturedRead* r : distinct.undeclared) {
     report.warnings.push_back(Warning{
         r->name, r->op,
@@ -242,7 +247,7 @@ class ModeRun {
     at::Tensor out;
     bool replays_as_retraced = false;
     if (options_.trace) {
-      trace::ReadTrace retrace;
+      trace::ReadTrace retrace(capture_.forward->retrace_options());
       out = subject_.forward(x_);
       retrace.stop();
       const bool details = sink_.listing();

@@ -23,18 +23,6 @@ bool is_random(std::string_view op) {
                      [&](const char* s) { return op.find(s) != std::string_view::npos; });
 }
 
-// Whether a retraced call (`b`) is the captured one (`a`) in shape: the
-// same op at the same depth, with as many reads and objects.
-bool same_op(const OpCall& a, const OpCall& b) {
-  return a.name == b.name && a.depth == b.depth && a.reads.size() == b.reads.size() &&
-         a.objects.size() == b.objects.size();
-}
-
-// The same object holding the same C++ instance.
-bool same_object(const ObjectRead& a, const ObjectRead& b) {
-  return a.identity == b.identity && a.payload == b.payload;
-}
-
 // The objects of one op, captured (`a`) and retraced (`b`).
 void compare_objects(const OpCall& a, const OpCall& b, const TensorNames& names, bool details,
                      std::vector<ReadChange>& out) {
@@ -144,15 +132,16 @@ CapturedForward::CapturedForward(const std::function<at::Tensor()>& forward) {
   trace_->stop();
 }
 
-std::vector<CapturedRead> CapturedForward::reads(const TensorNames& names) const {
+std::vector<CapturedRead> CapturedForward::reads(const TensorNames& names, bool details) const {
   std::vector<CapturedRead> out;
   const auto& ops = trace_->ops();
   for (const OpCall& op : ops) {
     for (const TensorRead& r : op.reads) {
       if (!r.external) continue;
       auto found = names.find(r);
-      CapturedRead c{r.where(op.name),         op.depth,   names.label(r),
-                     found && found->declared, r.layout(), r.storage};
+      CapturedRead c{
+          details ? r.where(op.name) : "", op.depth, names.label(r), found && found->declared,
+          details ? r.layout() : "",       r.storage};
       if (r.subclass) {
         c.kind = CapturedRead::Kind::kSubclass;
       } else if (!r.has_storage) {
@@ -161,8 +150,12 @@ std::vector<CapturedRead> CapturedForward::reads(const TensorNames& names) const
       out.push_back(std::move(c));
     }
     for (const ObjectRead& o : op.objects) {
-      CapturedRead c{o.where(op.name), op.depth,     names.label(o),
-                     names.named(o),   o.class_name, o.identity};
+      CapturedRead c{details ? o.where(op.name) : "",
+                     op.depth,
+                     names.label(o),
+                     names.named(o),
+                     o.class_name,
+                     o.identity};
       c.kind = CapturedRead::Kind::kObject;
       out.push_back(std::move(c));
     }
@@ -170,15 +163,24 @@ std::vector<CapturedRead> CapturedForward::reads(const TensorNames& names) const
   return out;
 }
 
+ReadTrace::Options CapturedForward::retrace_options() const {
+  return ReadTrace::Options{/*nested=*/true, /*hold_arguments=*/false, /*expected=*/trace_.get()};
+}
+
+// compare and replays_as walk the retrace's kept calls by position: every
+// call of a full retrace, or the calls a checking retrace kept (Note [A
+// checking retrace] in read_trace.cc), the others being the captured calls.
 std::vector<ReadChange> CapturedForward::compare(const ReadTrace& retrace, const TensorNames& names,
                                                  bool details) const {
   std::vector<ReadChange> out;
   const auto& before = trace_->ops();
-  const auto& after = retrace.ops();
-  const size_t common = std::min(before.size(), after.size());
-  for (size_t i = 0; i < common; ++i) {
+  const auto& kept = retrace.ops();
+  const size_t common = std::min(before.size(), retrace.calls());
+  size_t k = 0;
+  for (; k < kept.size() && retrace.position(k) < common; ++k) {
+    const size_t i = retrace.position(k);
     const OpCall& a = before[i];
-    const OpCall& b = after[i];
+    const OpCall& b = kept[k];
     if (!same_op(a, b)) {
       // A graph replays the captured sequence: from here on nothing lines up.
       out.push_back(ReadChange{"op sequence", "op " + std::to_string(i) + " changed",
@@ -190,12 +192,14 @@ std::vector<ReadChange> CapturedForward::compare(const ReadTrace& retrace, const
     compare_objects(a, b, names, details, out);
     compare_reads(a, b, names, details, out);
   }
-  if (before.size() != after.size()) {
+  if (before.size() != retrace.calls()) {
+    // A call past the captured ones has nothing to be checked against: it is
+    // kept, and the first is kept[k].
     const std::string extra =
-        before.size() < after.size() ? std::string(after[common].name) : "(none)";
-    out.push_back(ReadChange{"op sequence", "length changed",
-                             std::to_string(before.size()) + " ops",
-                             std::to_string(after.size()) + " ops (first new: " + extra + ")", ""});
+        before.size() < retrace.calls() ? std::string(kept[k].name) : "(none)";
+    out.push_back(
+        ReadChange{"op sequence", "length changed", std::to_string(before.size()) + " ops",
+                   std::to_string(retrace.calls()) + " ops (first new: " + extra + ")", ""});
   }
   return out;
 }
@@ -282,28 +286,10 @@ std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
 // subclass wrapper whose attributes changed) makes replays_as() false, and
 // the replay runs.
 bool CapturedForward::replays_as(const ReadTrace& retrace) const {
-  const auto& before = trace_->ops();
-  const auto& after = retrace.ops();
-  if (before.size() != after.size()) return false;
-  for (size_t i = 0; i < before.size(); ++i) {
-    const OpCall& a = before[i];
-    const OpCall& b = after[i];
-    if (!same_op(a, b)) return false;
-    if (a.depth == 0 && !(a.constants_known && b.constants_known && a.constants == b.constants)) {
-      return false;
-    }
-    for (size_t j = 0; j < a.objects.size(); ++j) {
-      if (!same_object(a.objects[j], b.objects[j])) return false;
-    }
-    for (size_t j = 0; j < a.reads.size(); ++j) {
-      const TensorRead& ra = a.reads[j];
-      const TensorRead& rb = b.reads[j];
-      if (ra.external != rb.external || ra.subclass != rb.subclass ||
-          ra.has_storage != rb.has_storage || ra.arg != rb.arg || ra.element != rb.element) {
-        return false;
-      }
-      if (ra.external && ra.has_storage && !ra.same_place(rb)) return false;
-    }
+  const auto& kept = retrace.ops();
+  if (trace_->ops().size() != retrace.calls()) return false;
+  for (size_t k = 0; k < kept.size(); ++k) {
+    if (!same_call(trace_->ops()[retrace.position(k)], kept[k])) return false;
   }
   return true;
 }

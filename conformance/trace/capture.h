@@ -137,14 +137,20 @@ class CapturedForward {
   const at::Tensor& output() const { return output_; }
 
   /// The external reads of the capture, named, and its opaque objects, in
-  /// op order.
-  std::vector<CapturedRead> reads(const TensorNames& names) const;
+  /// op order. With `details` false, each read's op and layout are left
+  /// empty (nothing formatted), for a caller that counts and names them.
+  std::vector<CapturedRead> reads(const TensorNames& names, bool details = true) const;
+
+  /// The options of a retrace that checks each call against the capture
+  /// and keeps only those that differ (ReadTrace::Options::expected): what
+  /// compare() and replays_as() need, at the cost of a record per call that
+  /// moved. The retrace must not outlive this capture.
+  ReadTrace::Options retrace_options() const;
 
   /// The differences between the capture and `retrace` (the same forward
-  /// traced after a reload), in op order. Read names come from `names` (the
-  /// names at capture). With `details` false, the before and after of each
-  /// change are left empty (nothing formatted), for a caller that only
-  /// counts and names them.
+  /// traced after a reload, in full or with retrace_options()), in op order. Read names come from
+  /// `names` (the names at capture). With `details` false, the before and after of each change are
+  /// left empty (nothing formatted), for a caller that only counts and names them.
   std::vector<ReadChange> compare(const ReadTrace& retrace, const TensorNames& names,
                                   bool details = true) const;
 
@@ -153,10 +159,11 @@ class CapturedForward {
   std::optional<at::Tensor> replay(std::string* why) const;
 
   /// Whether `retrace` made exactly the captured calls (Note [A retrace that
-  /// is its own replay] in capture.cc): the same ops in the same order and
-  /// depth, every tensor argument external where it was and, if so, at the
-  /// captured place, the same opaque objects, and every other argument
-  /// equal by its fingerprint, known for each top-level op. The replay then
+  /// is its own replay] in capture.cc): as many, each the captured call in
+  /// every respect same_call (read_trace.h) looks at: the same ops in the
+  /// same order and depth, every tensor argument external where it was and,
+  /// if so, at the captured place, the same opaque objects, and every other
+  /// argument equal by its fingerprint, known for each top-level op. The replay then
   /// runs the same ops on the same bytes with the same values as the
   /// retraced forward did, so its result is that forward's.
   bool replays_as(const ReadTrace& retrace) const;

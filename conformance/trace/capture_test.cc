@@ -9,6 +9,8 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace reloadsafe::trace {
@@ -52,6 +54,54 @@ at::Tensor packed_mm(const at::Tensor& x, const c10::IValue& object) {
   return stack.back().toTensor();
 }
 
+// The forward traced again after a change, both ways at once: in full, and
+// checking each call against the capture (CapturedForward::retrace_options,
+// Note [A checking retrace] in read_trace.cc). Both must give the same
+// answers; the full retrace's are returned.
+struct Retraced {
+  std::vector<ReadChange> changes;
+  bool replays_as = false;
+  at::Tensor out;
+};
+
+Retraced retrace(const CapturedForward& capture, const TensorNames& names,
+                 const std::function<at::Tensor()>& forward) {
+  ReadTrace full;
+  ReadTrace checking(capture.retrace_options());
+  Retraced r;
+  r.out = forward();
+  checking.stop();
+  full.stop();
+  for (bool details : {true, false}) {
+    const std::vector<ReadChange> a = capture.compare(full, names, details);
+    const std::vector<ReadChange> b = capture.compare(checking, names, details);
+    EXPECT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+      EXPECT_EQ(std::tie(a[i].tensor, a[i].what, a[i].before, a[i].after, a[i].read),
+                std::tie(b[i].tensor, b[i].what, b[i].before, b[i].after, b[i].read));
+    }
+    if (details) r.changes = a;
+  }
+  r.replays_as = capture.replays_as(full);
+  EXPECT_EQ(capture.replays_as(checking), r.replays_as);
+  // The checking retrace counts every call and keeps exactly the calls that
+  // are not the captured ones, at their positions.
+  EXPECT_EQ(checking.calls(), full.ops().size());
+  size_t k = 0;
+  for (size_t i = 0; i < full.ops().size(); ++i) {
+    const bool same =
+        i < capture.trace().ops().size() && same_call(capture.trace().ops()[i], full.ops()[i]);
+    if (same) continue;
+    EXPECT_LT(k, checking.ops().size()) << "call " << i << " differs but was dropped";
+    if (k >= checking.ops().size()) break;
+    EXPECT_EQ(checking.position(k), i);
+    EXPECT_EQ(checking.ops()[k].name, full.ops()[i].name);
+    ++k;
+  }
+  EXPECT_EQ(k, checking.ops().size()) << "a call the same as the captured one was kept";
+  return r;
+}
+
 TEST(CapturedForward, AReplacedKernelObjectIsAViolationNamingItAndTheOp) {
   const at::Tensor x = at::randn({2, 4});
   c10::IValue kernel(c10::make_intrusive<Packed>(at::randn({8, 4})));
@@ -61,17 +111,11 @@ TEST(CapturedForward, AReplacedKernelObjectIsAViolationNamingItAndTheOp) {
   {
     // The same object, its weight refilled in place: clean.
     kernel.toCustomClass<Packed>()->weight.copy_(at::randn({8, 4}));
-    ReadTrace retrace;
-    packed_mm(x, kernel);
-    retrace.stop();
-    EXPECT_TRUE(capture.compare(retrace, names).empty());
+    EXPECT_TRUE(retrace(capture, names, [&] { return packed_mm(x, kernel); }).changes.empty());
   }
   // Re-packed into a new object, as a post-processing that packs again does.
   const c10::IValue repacked(c10::make_intrusive<Packed>(at::randn({8, 4})));
-  ReadTrace retrace;
-  packed_mm(x, repacked);
-  retrace.stop();
-  const auto violations = capture.compare(retrace, names);
+  const auto violations = retrace(capture, names, [&] { return packed_mm(x, repacked); }).changes;
   EXPECT_EQ(whats(violations).count("linear.packed: object replaced"), 1u);
   EXPECT_EQ(whats(violations).count("linear.packed.unpack()[0]: storage"), 1u)
       << "the tensor the object reports is checked too";
@@ -93,10 +137,7 @@ TEST(CapturedForward, AForwardThatReadsTheSameTensorsComparesClean) {
   CapturedForward capture([&] { return m.forward(x); });
   TensorNames names(m.named());
   m.w.copy_(at::randn({8, 4}));  // new values in place: what a good reload does
-  ReadTrace retrace;
-  m.forward(x);
-  retrace.stop();
-  EXPECT_TRUE(capture.compare(retrace, names).empty());
+  EXPECT_TRUE(retrace(capture, names, [&] { return m.forward(x); }).changes.empty());
   std::string why;
   auto replayed = capture.replay(&why);
   ASSERT_TRUE(replayed.has_value()) << why;
@@ -109,10 +150,9 @@ TEST(CapturedForward, ARebuiltTensorIsFlaggedByAddressAndGivesAStaleReplay) {
   CapturedForward capture([&] { return m.forward(x); });
   TensorNames names(m.named());
   m.scale = at::rand({8}) + 2.0;  // rebuilt: a new tensor
-  ReadTrace retrace;
-  const at::Tensor live = m.forward(x);
-  retrace.stop();
-  const auto violations = capture.compare(retrace, names);
+  const Retraced r = retrace(capture, names, [&] { return m.forward(x); });
+  const at::Tensor& live = r.out;
+  const auto& violations = r.changes;
   EXPECT_EQ(whats(violations),
             (std::set<std::string>{"scale (undeclared): address", "scale (undeclared): storage"}));
   EXPECT_EQ(violations[0].read, "aten::mul.Tensor arg 1 (other)");
@@ -128,10 +168,9 @@ TEST(CapturedForward, ARebindingOfTheSameObjectIsStillAStaleRead) {
   CapturedForward capture([&] { return m.forward(x); });
   TensorNames names(m.named());
   m.w.set_data(at::randn({8, 4}));  // same object, new storage
-  ReadTrace retrace;
-  const at::Tensor live = m.forward(x);
-  retrace.stop();
-  EXPECT_EQ(whats(capture.compare(retrace, names)).count("w: address"), 1u);
+  const Retraced r = retrace(capture, names, [&] { return m.forward(x); });
+  const at::Tensor& live = r.out;
+  EXPECT_EQ(whats(r.changes).count("w: address"), 1u);
   std::string why;
   auto replayed = capture.replay(&why);
   ASSERT_TRUE(replayed.has_value()) << why;
@@ -145,10 +184,8 @@ TEST(CapturedForward, ALayoutChangeIsFlagged) {
   CapturedForward capture([&] { return m.forward(x); });
   TensorNames names(m.named());
   m.w.set_(m.w.storage(), 0, {8, 4}, {4, 1});  // same bytes, other strides
-  ReadTrace retrace;
-  m.forward(x);
-  retrace.stop();
-  EXPECT_EQ(whats(capture.compare(retrace, names)).count("w: layout"), 1u);
+  EXPECT_EQ(whats(retrace(capture, names, [&] { return m.forward(x); }).changes).count("w: layout"),
+            1u);
 }
 
 TEST(CapturedForward, AChangedOpSequenceIsFlaggedOnce) {
@@ -156,13 +193,138 @@ TEST(CapturedForward, AChangedOpSequenceIsFlaggedOnce) {
   const at::Tensor x = at::randn({2, 4});
   CapturedForward capture([&] { return m.forward(x); });
   TensorNames names(m.named());
-  ReadTrace retrace;
-  at::relu(m.forward(x));
-  retrace.stop();
-  const auto violations = capture.compare(retrace, names);
+  const auto violations = retrace(capture, names, [&] { return at::relu(m.forward(x)); }).changes;
   ASSERT_EQ(violations.size(), 1u);
   EXPECT_EQ(violations[0].tensor, "op sequence");
   EXPECT_EQ(violations[0].what, "length changed");
+}
+
+TEST(CapturedForward, EachKindOfSequenceChangeIsOneChangeAndNoReplay) {
+  struct Row {
+    const char* change;
+    std::function<at::Tensor(const Weights&, const at::Tensor&)> forward;
+    const char* what;
+    const char* after;
+  };
+  const std::vector<Row> rows = {
+      {"one op more at the end",
+       [](const Weights& m, const at::Tensor& x) { return at::relu(m.forward(x)); },
+       "length changed", "ops (first new: aten::relu)"},
+      {"the last op left out",
+       [](const Weights& m, const at::Tensor& x) { return at::mm(x, m.w.t()); }, "length changed",
+       "ops (first new: (none))"},
+      {"another op in the middle",
+       [](const Weights& m, const at::Tensor& x) { return at::mm(x, m.w.t()).add(m.scale); },
+       "changed", "aten::add.Tensor (depth 0)"},
+  };
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.change);
+    Weights m;
+    const at::Tensor x = at::randn({2, 4});
+    CapturedForward capture([&] { return m.forward(x); });
+    const Retraced r = retrace(capture, TensorNames(m.named()), [&] { return row.forward(m, x); });
+    ASSERT_EQ(r.changes.size(), 1u);
+    EXPECT_EQ(r.changes[0].tensor, "op sequence");
+    EXPECT_NE(r.changes[0].what.find(row.what), std::string::npos) << r.changes[0].what;
+    EXPECT_NE(r.changes[0].after.find(row.after), std::string::npos) << r.changes[0].after;
+    EXPECT_FALSE(r.replays_as);
+  }
+}
+
+// Two weights read through a tensor list, and a number: every way a call
+// can move in place of the same op sequence.
+struct TwoWeights {
+  at::Tensor a = at::randn({8, 4});
+  at::Tensor b = at::randn({8, 4});
+  double scale = 0.5;
+  at::Tensor forward(const at::Tensor& x) const {
+    return at::mul(at::mm(x, at::cat({a, b}).t()), scale);
+  }
+  std::vector<NamedTensor> named() const { return {{"a", a, true}, {"b", b, true}}; }
+};
+
+struct CheckingRow {
+  const char* change;
+  std::function<void(TwoWeights&)> apply;
+  bool clean;
+};
+
+// The retrace helper above requires a checking retrace to give a full one's
+// answers and keep exactly the calls that moved; these rows move each part.
+TEST(CapturedForward, ACheckingRetraceGivesTheAnswersOfAFullOne) {
+  const std::vector<CheckingRow> rows = {
+      {"nothing", [](TwoWeights&) {}, true},
+      {"a refilled in place",
+       [](TwoWeights& m) {
+         m.a.copy_(at::randn({8, 4}));
+       },
+       true},
+      {"a rebuilt",
+       [](TwoWeights& m) {
+         m.a = at::randn({8, 4});
+       },
+       false},
+      {"b rebuilt (the list's second element)",
+       [](TwoWeights& m) {
+         m.b = at::randn({8, 4});
+       },
+       false},
+      {"a and b swapped", [](TwoWeights& m) { std::swap(m.a, m.b); }, false},
+      {"a's storage reallocated under it",
+       [](TwoWeights& m) {
+         m.a.resize_({64, 4});
+         m.a = m.a.narrow(0, 0, 8);
+       },
+       false},
+      {"a at another offset of its storage",
+       [](TwoWeights& m) {
+         m.a = at::randn({9, 4}).narrow(0, 1, 8);
+       },
+       false},
+      {"a read with other strides over the same bytes",
+       [](TwoWeights& m) {
+         m.a = m.a.view({4, 8}).t();
+       },
+       false},
+      {"scale changed", [](TwoWeights& m) { m.scale = 2.0; }, false},
+  };
+  for (const CheckingRow& row : rows) {
+    SCOPED_TRACE(row.change);
+    TwoWeights m;
+    const at::Tensor x = at::randn({2, 4});
+    CapturedForward capture([&] { return m.forward(x); });
+    const TensorNames names(m.named());
+    row.apply(m);
+    const Retraced r = retrace(capture, names, [&] { return m.forward(x); });
+    EXPECT_EQ(r.changes.empty() && r.replays_as, row.clean);
+  }
+}
+
+TEST(CapturedForward, ReadsWithoutDetailsAreTheSameReadsUnformatted) {
+  Weights m;
+  const at::Tensor x = at::randn({2, 4});
+  c10::IValue kernel(c10::make_intrusive<Packed>(at::randn({3, 8})));
+  CapturedForward capture([&] { return packed_mm(m.forward(x), kernel); });
+  TensorNames names(m.named());
+  names.add_object("linear.packed", &kernel.toObjectRef());
+  const std::vector<CapturedRead> full = capture.reads(names);
+  const std::vector<CapturedRead> bare = capture.reads(names, /*details=*/false);
+  ASSERT_EQ(full.size(), bare.size());
+  ASSERT_GE(full.size(), 4u) << "w, scale, the object and the tensor it reports";
+  for (size_t i = 0; i < full.size(); ++i) {
+    SCOPED_TRACE(full[i].name);
+    EXPECT_FALSE(full[i].op.empty());
+    EXPECT_TRUE(bare[i].op.empty());
+    EXPECT_EQ(
+        std::tie(full[i].depth, full[i].name, full[i].declared, full[i].storage, full[i].kind),
+        std::tie(bare[i].depth, bare[i].name, bare[i].declared, bare[i].storage, bare[i].kind));
+    if (full[i].kind == CapturedRead::Kind::kObject) {
+      EXPECT_EQ(bare[i].layout, full[i].layout) << "an object's class is not formatted";
+    } else {
+      EXPECT_FALSE(full[i].layout.empty());
+      EXPECT_TRUE(bare[i].layout.empty());
+    }
+  }
 }
 
 TEST(CapturedForward, RandomOpsAreNotReplayedAndSaySo) {
@@ -258,10 +420,9 @@ TEST(CapturedForward, ReplaysAsHoldsExactlyWhenTheRetraceMadeTheCapturedCalls) {
     const at::Tensor x = at::randn({2, 4});
     CapturedForward capture([&] { return layer.forward(x); });
     row.apply(layer);
-    ReadTrace retrace;
-    const at::Tensor out = layer.forward(x);
-    retrace.stop();
-    EXPECT_EQ(capture.replays_as(retrace), row.replays_as);
+    const Retraced r = retrace(capture, TensorNames({}), [&] { return layer.forward(x); });
+    const at::Tensor& out = r.out;
+    EXPECT_EQ(r.replays_as, row.replays_as);
     std::string why;
     const std::optional<at::Tensor> replayed = capture.replay(&why);
     ASSERT_TRUE(replayed.has_value()) << why;
@@ -279,24 +440,19 @@ TEST(CapturedForward, ReplaysAsIsFalseForAnotherOpSequenceOrObject) {
   const at::Tensor w = at::randn({8, 4});
   CapturedForward capture([&] { return at::mm(x, w.t()); });
   {
-    ReadTrace retrace;
-    at::relu(at::mm(x, w.t()));
-    retrace.stop();
-    EXPECT_FALSE(capture.replays_as(retrace)) << "one op more";
+    EXPECT_FALSE(
+        retrace(capture, TensorNames({}), [&] { return at::relu(at::mm(x, w.t())); }).replays_as)
+        << "one op more";
   }
   c10::IValue kernel(c10::make_intrusive<Packed>(w));
   CapturedForward packed([&] { return packed_mm(x, kernel); });
   {
-    ReadTrace retrace;
-    packed_mm(x, kernel);
-    retrace.stop();
-    EXPECT_TRUE(packed.replays_as(retrace)) << "the same object";
+    EXPECT_TRUE(retrace(packed, TensorNames({}), [&] { return packed_mm(x, kernel); }).replays_as)
+        << "the same object";
   }
   const c10::IValue repacked(c10::make_intrusive<Packed>(w));
-  ReadTrace retrace;
-  packed_mm(x, repacked);
-  retrace.stop();
-  EXPECT_FALSE(packed.replays_as(retrace)) << "a new object on the same weight";
+  EXPECT_FALSE(retrace(packed, TensorNames({}), [&] { return packed_mm(x, repacked); }).replays_as)
+      << "a new object on the same weight";
 }
 
 }  // namespace

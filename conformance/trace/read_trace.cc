@@ -264,6 +264,54 @@ std::pair<std::vector<at::Tensor>, const char*> reported_tensors(const c10::IVal
 
 }  // namespace
 
+bool same_op(const OpCall& a, const OpCall& b) {
+  return a.name == b.name && a.depth == b.depth && a.reads.size() == b.reads.size() &&
+         a.objects.size() == b.objects.size();
+}
+
+bool same_object(const ObjectRead& a, const ObjectRead& b) {
+  return a.identity == b.identity && a.payload == b.payload;
+}
+
+bool same_call(const OpCall& a, const OpCall& b) {
+  if (!same_op(a, b)) return false;
+  if (a.depth == 0 && !(a.constants_known && b.constants_known && a.constants == b.constants)) {
+    return false;
+  }
+  for (size_t j = 0; j < a.objects.size(); ++j) {
+    if (!same_object(a.objects[j], b.objects[j])) return false;
+  }
+  for (size_t j = 0; j < a.reads.size(); ++j) {
+    const TensorRead& ra = a.reads[j];
+    const TensorRead& rb = b.reads[j];
+    if (ra.external != rb.external || ra.subclass != rb.subclass ||
+        ra.has_storage != rb.has_storage || ra.arg != rb.arg || ra.element != rb.element) {
+      return false;
+    }
+    if (ra.external && !ra.same_place(rb)) return false;
+  }
+  return true;
+}
+
+// Note [A checking retrace]
+// A protocol retraces the forward after every reload and asks two questions
+// of the retrace against the capture: what changed (compare) and whether the
+// retrace is its own replay (replays_as). Both look at a call only to find
+// what differs from the captured call at the same position, and a call that
+// is the captured one in every respect either looks at (same_call) adds
+// nothing to either answer. A trace made with Options::expected therefore
+// records each call as any trace does (the same code, so the same reads and
+// classifications), compares it with the expected call as soon as its
+// arguments are read, and drops it if it is the same: what is kept is the
+// calls that differ, with their positions, and the count of all calls.
+// compare and replays_as walk the kept calls by position and give the
+// answers a full retrace gives (capture_test checks both on the same
+// forward). A call is never dropped while it reads a storage whose
+// classification is provisional (Note [Inside or before the scope]): the
+// end of its top-level call may still change it, and only a kept call can
+// be changed. A forward that stayed put then costs a retrace no record per
+// call, and nothing to walk or free afterwards.
+
 // An external tensor is held as a new tensor object on the same storage with
 // the same layout: later rebinding of the caller's object (set_data, a new
 // parameter) does not change what the capture reads, as it would not change
@@ -485,6 +533,16 @@ void ReadTrace::begin_call(const c10::OperatorHandle& op, const c10::FunctionSch
   const size_t num_args = args.size() >= schema.arguments().size() ? schema.arguments().size() : 0;
   const size_t first = args.size() - num_args;
 
+  progress.first_op = ops_.size();
+  if (options_.expected != nullptr && !options_.hold_arguments &&
+      calls_ < options_.expected->ops().size() &&
+      is_expected_call(options_.expected->ops()[calls_], schema, args.data() + first, num_args)) {
+    // See Note [A checking retrace]: the expected call, not recorded.
+    ++calls_;
+    progress.recorded = true;
+    ++depth_;
+    return;
+  }
   // Recorded in place (no OpCall or TensorRead is moved into the list); a
   // call whose recording throws is taken off again.
   ops_.emplace_back();
@@ -517,8 +575,71 @@ void ReadTrace::begin_call(const c10::OperatorHandle& op, const c10::FunctionSch
     throw;
   }
   progress.recorded = true;
-  progress.op_index = ops_.size() - 1;
+  const size_t position = calls_++;
+  if (options_.expected != nullptr) {
+    // See Note [A checking retrace].
+    const std::vector<OpCall>& expected = options_.expected->ops();
+    if (position < expected.size() && same_call(expected[position], ops_.back()) &&
+        !reads_pending(ops_.back())) {
+      ops_.pop_back();
+    } else {
+      positions_.push_back(position);
+    }
+  }
   ++depth_;
+}
+
+bool ReadTrace::is_expected_call(const OpCall& expected, const c10::FunctionSchema& schema,
+                                 const c10::IValue* args, size_t num_args) const {
+  if (expected.depth != depth_ || !expected.objects.empty() ||
+      (num_args == 0 && !schema.arguments().empty())) {
+    return false;
+  }
+  if (!is_name_of(expected.name, schema)) return false;
+  Fingerprint constants;
+  bool known = depth_ == 0;
+  bool same = true;
+  size_t j = 0;
+  for (size_t i = 0; i < num_args && same; ++i) {
+    if (known) known = constants.add(args[i]);
+    for_each_in_argument(
+        args[i],
+        [&](const at::Tensor& t, int element) {
+          if (!same || !t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
+          same = j < expected.reads.size() &&
+                 is_expected_read(expected.reads[j], t, static_cast<int>(i), element);
+          ++j;
+        },
+        [&](const c10::IValue&) { same = false; });  // an object: recorded in full
+  }
+  if (!same || j != expected.reads.size()) return false;
+  return depth_ > 0 ||
+         (known && expected.constants_known && constants.value() == expected.constants);
+}
+
+bool ReadTrace::is_expected_read(const TensorRead& expected, const at::Tensor& t, int arg,
+                                 int element) const {
+  // A tensor without a plain storage, or a storage not seen yet (whose
+  // classification the full record makes), is recorded in full.
+  if (expected.arg != arg || expected.element != element || !expected.has_storage ||
+      dispatches_in_python(t) || !t.has_storage()) {
+    return false;
+  }
+  const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  auto it = seen_.find(impl);
+  if (it == seen_.end() || it->second.external != expected.external) return false;
+  if (!pending_.empty() && std::find(pending_.begin(), pending_.end(), impl) != pending_.end()) {
+    return false;
+  }
+  return !expected.external || expected.is_place_of(t);
+}
+
+bool ReadTrace::reads_pending(const OpCall& call) const {
+  if (pending_.empty()) return false;
+  for (const TensorRead& r : call.reads) {
+    if (std::find(pending_.begin(), pending_.end(), r.storage) != pending_.end()) return true;
+  }
+  return false;
 }
 
 void ReadTrace::end_call(const c10::OperatorHandle& op, const c10::FunctionSchema& schema,
@@ -535,7 +656,7 @@ void ReadTrace::end_call(const c10::OperatorHandle& op, const c10::FunctionSchem
     for_each_tensor(stack[i], [&](const at::Tensor& t, int) { result(t); });
   }
   if (depth_ == 0 && !pending_.empty()) {
-    resolve_pending(progress.op_index,
+    resolve_pending(progress.first_op,
                     std::vector<const c10::StorageImpl*>(returned.begin(), returned.end()));
   }
   if (options_.hold_arguments && depth_ == 0) {

@@ -194,6 +194,23 @@ struct OpCall {
   bool constants_known = false;
 };
 
+/// Whether `retraced` is the op `captured` is in shape: the same op at the
+/// same depth, with as many reads and objects.
+bool same_op(const OpCall& captured, const OpCall& retraced);
+
+/// The same object holding the same C++ instance.
+bool same_object(const ObjectRead& captured, const ObjectRead& retraced);
+
+/// Whether the retraced call `retraced` is the captured call `captured` in
+/// every respect a retrace is judged by: the same op at the same depth with
+/// as many reads and objects; the same objects; every read taken from the
+/// same argument and element, external, subclass and storage-less alike,
+/// and an external one at the same place (TensorLocation::same_place); for
+/// a top-level call, other arguments known and equal. A retrace made of
+/// such calls has nothing to report (CapturedForward::compare) and is its
+/// own replay (CapturedForward::replays_as).
+bool same_call(const OpCall& captured, const OpCall& retraced);
+
 /// The boxed arguments and results of a depth-0 op, held as a capture holds
 /// them: every tensor kept alive; an external tensor as a new object on the
 /// same storage with the same layout (rebinding the caller's object later
@@ -217,6 +234,14 @@ class ReadTrace {
     /// Keep every depth-0 op's arguments and results (held_calls()), which
     /// keeps their tensors alive until the trace is destroyed.
     bool hold_arguments = false;
+    /// Check each call against the call `expected` (a stopped trace, which
+    /// must outlive this one) recorded at the same position, instead of
+    /// keeping every call: a call that is the expected one in every respect
+    /// a retrace is judged by (same_call) is counted and dropped; any other
+    /// is kept in ops(), with its position in position(). A retrace then
+    /// costs no record per call that stayed put (Note [A checking retrace]
+    /// in read_trace.cc).
+    const ReadTrace* expected = nullptr;
   };
 
   ReadTrace() : ReadTrace(Options{}) {}
@@ -230,8 +255,16 @@ class ReadTrace {
 
   bool active() const { return active_; }
 
-  /// Every op seen, in call order.
+  /// Every op seen, in call order; with Options::expected, only the calls
+  /// that were not the expected one (see position()).
   const std::vector<OpCall>& ops() const { return ops_; }
+
+  /// How many calls the trace saw, dropped ones included.
+  size_t calls() const { return calls_; }
+
+  /// The position of ops()[k] among all the calls seen: k, unless the trace
+  /// checks against Options::expected.
+  size_t position(size_t k) const { return options_.expected != nullptr ? positions_[k] : k; }
 
   /// With Options::hold_arguments: every depth-0 op with its arguments.
   const std::vector<HeldCall>& held_calls() const { return held_; }
@@ -256,7 +289,7 @@ class ReadTrace {
  private:
   struct CallInProgress {
     bool recorded = false;
-    size_t op_index = 0;
+    size_t first_op = 0;  // ops_.size() when the call began
     std::vector<c10::IValue> held_inputs;
   };
   // The traces active on this thread, `innermost` first.
@@ -278,6 +311,15 @@ class ReadTrace {
   c10::IValue hold_as_captured(const c10::IValue& v) const;
   bool existed_before(const TensorRead& r) const;
   void resolve_pending(size_t first_op, const std::vector<const c10::StorageImpl*>& returned);
+  // Whether `call` reads a storage whose classification is still provisional.
+  bool reads_pending(const OpCall& call) const;
+  // Whether a call of `schema` with `args` (its num_args arguments) would be
+  // recorded as a call same_call() to `expected`, told without recording it;
+  // false also where that cannot be told cheaply (Note [A checking retrace]).
+  bool is_expected_call(const OpCall& expected, const c10::FunctionSchema& schema,
+                        const c10::IValue* args, size_t num_args) const;
+  bool is_expected_read(const TensorRead& expected, const at::Tensor& t, int arg,
+                        int element) const;
 
   CpuCensusScope census_;  // see Note [Inside or before the scope]
   Options options_;
@@ -287,6 +329,8 @@ class ReadTrace {
   ReadTrace* previous_ = nullptr;
   std::optional<c10::impl::IncludeDispatchKeyGuard> include_;
   std::vector<OpCall> ops_;
+  size_t calls_ = 0;
+  std::vector<size_t> positions_;  // with Options::expected: ops_[k]'s position
   std::vector<HeldCall> held_;
   // Storage identity -> external?; the weak reference keeps the identity
   // from being reused by a new storage while the trace lives.

@@ -1,5 +1,6 @@
 #include "conformance/trace/tensor_location.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
@@ -59,6 +60,26 @@ void TensorLocation::reset_to(const at::Tensor& t) {
     data_ptr = static_cast<const char*>(storage_data) +
                storage_offset * static_cast<int64_t>(t.element_size());
   }
+}
+
+bool TensorLocation::is_place_of(const at::Tensor& t) const {
+  // What reset_to() would fill, compared field by field.
+  const c10::Storage& s = t.storage();
+  if (storage != s.unsafeGetStorageImpl() || storage_data != s.data() ||
+      storage_nbytes != s.nbytes() || storage_offset != t.storage_offset() ||
+      dtype != t.scalar_type() || device != t.device()) {
+    return false;
+  }
+  const void* data = storage_data == nullptr
+                         ? nullptr
+                         : static_cast<const char*>(storage_data) +
+                               storage_offset * static_cast<int64_t>(t.element_size());
+  if (data_ptr != data ||
+      !std::equal(sizes.begin(), sizes.end(), t.sizes().begin(), t.sizes().end())) {
+    return false;
+  }
+  if (t.layout() != c10::kStrided) return strides.empty();
+  return std::equal(strides.begin(), strides.end(), t.strides().begin(), t.strides().end());
 }
 
 bool TensorLocation::same_layout(const TensorLocation& other) const {

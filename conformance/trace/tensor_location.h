@@ -79,6 +79,10 @@ struct TensorLocation {
   /// moving a fresh one in.
   void reset_to(const at::Tensor& t);
 
+  /// Whether `t` (defined, with a plain storage: has_plain_storage) is at
+  /// this place: same_place(of(t)), without making a location.
+  bool is_place_of(const at::Tensor& t) const;
+
   /// Same offset, sizes, strides, dtype and device.
   bool same_layout(const TensorLocation& other) const;
 

@@ -72,6 +72,23 @@ TEST(TensorLocation, DiffGivesTheSameVerdictsEverywhere) {
       {"reinterpreted as another dtype",
        [](at::Tensor& t) { return t.view(at::kInt); },
        {"layout"}},
+      {"one size fewer, the same bytes", [](at::Tensor& t) { return t.view({32}); }, {"layout"}},
+      {"one more size, the same bytes",
+       [](at::Tensor& t) {
+         return t.view({4, 2, 4});
+       },
+       {"layout"}},
+      {"the same sizes, one stride other",
+       [](at::Tensor& t) {
+         return t.as_strided({4, 8}, {4, 1});
+       },
+       {"layout"}},
+      {"its storage emptied",
+       [](at::Tensor& t) {
+         t.storage().set_nbytes(0);
+         return t;
+       },
+       {"storage resized or moved"}},
       {"its storage reallocated under it",
        [](at::Tensor& t) {
          t.resize_({64, 64});
@@ -88,6 +105,8 @@ TEST(TensorLocation, DiffGivesTheSameVerdictsEverywhere) {
     const std::vector<LocationChange> changes = before.diff(after);
     EXPECT_EQ(whats(changes), c.expected);
     EXPECT_EQ(before.same_place(after), c.expected.empty());
+    // Asked of the tensor itself, without making its location: the same.
+    EXPECT_EQ(before.is_place_of(after_tensor), c.expected.empty());
     // Without details: the same verdicts, nothing formatted.
     const std::vector<LocationChange> bare = before.diff(after, /*details=*/false);
     EXPECT_EQ(whats(bare), c.expected);
