@@ -300,17 +300,26 @@ bool same_call(const OpCall& a, const OpCall& b) {
 // what differs from the captured call at the same position, and a call that
 // is the captured one in every respect either looks at (same_call) adds
 // nothing to either answer. A trace made with Options::expected therefore
-// records each call as any trace does (the same code, so the same reads and
-// classifications), compares it with the expected call as soon as its
-// arguments are read, and drops it if it is the same: what is kept is the
-// calls that differ, with their positions, and the count of all calls.
-// compare and replays_as walk the kept calls by position and give the
-// answers a full retrace gives (capture_test checks both on the same
-// forward). A call is never dropped while it reads a storage whose
-// classification is provisional (Note [Inside or before the scope]): the
-// end of its top-level call may still change it, and only a kept call can
-// be changed. A forward that stayed put then costs a retrace no record per
-// call, and nothing to walk or free afterwards.
+// keeps only the calls that differ, with their positions, and the count of
+// all calls; compare and replays_as walk the kept calls by position and give
+// the answers a full retrace gives (capture_test runs both on the same
+// forward and requires the same answers).
+//
+// Each call is first told against the expected call from its arguments,
+// without a record (is_expected_call): the same op name and depth, no
+// opaque object, every tensor read from the same argument and element, on
+// a storage the trace has already classified (and not provisionally), as
+// external as it was and, if external, at the expected place
+// (TensorLocation::is_place_of); for a top-level call, the other arguments'
+// fingerprint known and equal. Whatever it cannot tell that way (a storage
+// seen for the first time, an object, a tensor without a plain storage, any
+// difference) is recorded as any trace records it and then compared with
+// same_call, so a call is dropped only if its record would have been the
+// expected one. A call is never dropped while it reads a storage whose
+// classification is provisional (Note [Inside or before the scope]): the end
+// of its top-level call may still change it, and only a kept call can be
+// changed. A forward that stayed put then costs a retrace no record for most
+// calls, and nothing to walk or free afterwards.
 
 // An external tensor is held as a new tensor object on the same storage with
 // the same layout: later rebinding of the caller's object (set_data, a new
