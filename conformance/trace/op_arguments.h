@@ -25,16 +25,13 @@ namespace reloadsafe::trace {
 /// `on_object(v)` if `v` is a TorchBind script object.
 template <typename OnTensor, typename OnObject>
 void for_each_in_argument(const c10::IValue& v, OnTensor&& on_tensor, OnObject&& on_object) {
-  // isList() first: it reads the tag only, where isTensorList() is a call
-  // into LibTorch, and most arguments are numbers or flags.
+  // Every list is walked by its elements (isList() reads the tag only): a
+  // Tensor[] holds its tensors as elements too, an undefined one included,
+  // so asking its element type (a call into LibTorch, on every list of
+  // sizes or dims an op takes) tells nothing the elements do not.
   if (v.isTensor()) {
     on_tensor(v.toTensor(), -1);
   } else if (v.isList()) {
-    if (v.isTensorList()) {
-      const auto list = v.toTensorList();
-      for (size_t e = 0; e < list.size(); ++e) on_tensor(list.get(e), static_cast<int>(e));
-      return;
-    }
     const auto list = v.toListRef();
     for (size_t e = 0; e < list.size(); ++e) {
       if (list[e].isTensor()) on_tensor(list[e].toTensor(), static_cast<int>(e));

@@ -8,6 +8,7 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string_view>
@@ -266,8 +267,12 @@ TEST(ReadTrace, SeesTensorListsAndSkipsWrappedNumbers) {
   const at::Tensor a = at::ones({2});
   const at::Tensor b = at::zeros({3});
   ReadTrace trace;
+  const at::Tensor m = at::ones({2, 3});
+  const at::Tensor idx = at::arange(2);
   at::cat({a, b});
   at::mul(a, at::native::wrapped_scalar_tensor(0.5));
+  // A Tensor?[]: m[:, idx] hands index() [None, idx].
+  at::index(m, c10::List<std::optional<at::Tensor>>({std::nullopt, idx}));
   trace.stop();
   const auto cat = reads_of(trace, "aten::cat");
   ASSERT_EQ(cat.size(), 2u);
@@ -275,6 +280,12 @@ TEST(ReadTrace, SeesTensorListsAndSkipsWrappedNumbers) {
   EXPECT_EQ(cat[1].element, 1);
   EXPECT_EQ(cat[1].storage, storage_of(b));
   EXPECT_EQ(reads_of(trace, "aten::mul.Tensor").size(), 1u) << "0.5 is not a memory read";
+  const auto index = reads_of(trace, "aten::index.Tensor");
+  ASSERT_EQ(index.size(), 2u) << "the None element is no read";
+  EXPECT_EQ(index[0].storage, storage_of(m));
+  EXPECT_EQ(index[1].storage, storage_of(idx));
+  EXPECT_EQ(index[1].element, 1);
+  EXPECT_EQ(index[1].arg_name, "indices");
 }
 
 TEST(ReadTrace, TwoThreadsTracingAtOnceSeeOnlyTheirOwnOps) {
