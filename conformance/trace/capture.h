@@ -148,9 +148,10 @@ class CapturedForward {
   ReadTrace::Options retrace_options() const;
 
   /// The differences between the capture and `retrace` (the same forward
-  /// traced after a reload, in full or with retrace_options()), in op order. Read names come from
-  /// `names` (the names at capture). With `details` false, the before and after of each change are
-  /// left empty (nothing formatted), for a caller that only counts and names them.
+  /// traced after a reload, in full or with retrace_options()), in op
+  /// order. Read names come from `names` (the names at capture). With
+  /// `details` false, the before and after of each change are left empty
+  /// (nothing formatted), for a caller that only counts and names them.
   std::vector<ReadChange> compare(const ReadTrace& retrace, const TensorNames& names,
                                   bool details = true) const;
 
@@ -163,9 +164,9 @@ class CapturedForward {
   /// every respect same_call (read_trace.h) looks at: the same ops in the
   /// same order and depth, every tensor argument external where it was and,
   /// if so, at the captured place, the same opaque objects, and every other
-  /// argument equal by its fingerprint, known for each top-level op. The replay then
-  /// runs the same ops on the same bytes with the same values as the
-  /// retraced forward did, so its result is that forward's.
+  /// argument equal by its fingerprint, known for each top-level op. The
+  /// replay then runs the same ops on the same bytes with the same values
+  /// as the retraced forward did, so its result is that forward's.
   bool replays_as(const ReadTrace& retrace) const;
 
  private:
