@@ -180,6 +180,37 @@ class Fingerprint {
   uint64_t hash_ = 0xcbf29ce484222325ULL;
 };
 
+// The fingerprint of a top-level call's `num_args` arguments, or nothing if
+// one has no fingerprint.
+std::optional<uint64_t> fingerprint_of(const c10::IValue* args, size_t num_args) {
+  Fingerprint constants;
+  for (size_t i = 0; i < num_args; ++i) {
+    if (!constants.add(args[i])) return std::nullopt;
+  }
+  return constants.value();
+}
+
+// What a call reads, the one rule for recording a call and for telling it
+// against an expected one: on_read(tensor, arg, element) for every tensor
+// argument that is a memory read (defined, and not a wrapped number such as
+// Python's `x * 0.5` makes), on_object(value, arg) for every opaque object,
+// in argument order.
+template <typename OnRead, typename OnObject>
+void for_each_read(const c10::IValue* args, size_t num_args, OnRead&& on_read,
+                   OnObject&& on_object) {
+  for (size_t i = 0; i < num_args; ++i) {
+    const int arg = static_cast<int>(i);
+    for_each_in_argument(
+        args[i],
+        [&](const at::Tensor& t, int element) {
+          if (t.defined() && !t.unsafeGetTensorImpl()->is_wrapped_number()) {
+            on_read(t, arg, element);
+          }
+        },
+        [&](const c10::IValue& object) { on_object(object, arg); });
+  }
+}
+
 void trace_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                     torch::jit::Stack* stack) {
   ReadTrace* trace = tls_active;
@@ -559,26 +590,25 @@ void ReadTrace::begin_call(const c10::OperatorHandle& op, const c10::FunctionSch
     OpCall& call = ops_.back();
     call.name = op_name(schema);
     call.depth = depth_;
-    Fingerprint constants;
-    call.constants_known = depth_ == 0 && (num_args > 0 || schema.arguments().empty());
-    for (size_t i = 0; i < num_args; ++i) {
-      const c10::IValue& v = args[first + i];
-      const c10::Argument& a = schema.arguments()[i];
-      if (call.constants_known) call.constants_known = constants.add(v);
-      for_each_in_argument(
-          v,
-          [&](const at::Tensor& t, int element) {
-            if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
-            fill_read(call.reads.emplace_back(), t, static_cast<int>(i), element, a);
-          },
-          [&](const c10::IValue& object) { add_object(call, object, static_cast<int>(i), a); });
+    const c10::IValue* call_args = args.data() + first;
+    if (depth_ == 0 && (num_args > 0 || schema.arguments().empty())) {
+      const std::optional<uint64_t> constants = fingerprint_of(call_args, num_args);
+      call.constants_known = constants.has_value();
+      call.constants = constants.value_or(0);
     }
+    for_each_read(
+        call_args, num_args,
+        [&](const at::Tensor& t, int arg, int element) {
+          fill_read(call.reads.emplace_back(), t, arg, element, schema.arguments()[arg]);
+        },
+        [&](const c10::IValue& object, int arg) {
+          add_object(call, object, arg, schema.arguments()[arg]);
+        });
     if (options_.hold_arguments && depth_ == 0) {
       progress.held_inputs.reserve(num_args);
       for (size_t i = first; i < args.size(); ++i)
         progress.held_inputs.push_back(hold_as_captured(args[i]));
     }
-    if (call.constants_known) call.constants = constants.value();
   } catch (...) {
     ops_.pop_back();
     throw;
@@ -605,25 +635,20 @@ bool ReadTrace::is_expected_call(const OpCall& expected, const c10::FunctionSche
     return false;
   }
   if (!is_name_of(expected.name, schema)) return false;
-  Fingerprint constants;
-  bool known = depth_ == 0;
   bool same = true;
   size_t j = 0;
-  for (size_t i = 0; i < num_args && same; ++i) {
-    if (known) known = constants.add(args[i]);
-    for_each_in_argument(
-        args[i],
-        [&](const at::Tensor& t, int element) {
-          if (!same || !t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
-          same = j < expected.reads.size() &&
-                 is_expected_read(expected.reads[j], t, static_cast<int>(i), element);
-          ++j;
-        },
-        [&](const c10::IValue&) { same = false; });  // an object: recorded in full
-  }
+  for_each_read(
+      args, num_args,
+      [&](const at::Tensor& t, int arg, int element) {
+        same = same && j < expected.reads.size() &&
+               is_expected_read(expected.reads[j], t, arg, element);
+        ++j;
+      },
+      [&](const c10::IValue&, int) { same = false; });  // an object: recorded in full
   if (!same || j != expected.reads.size()) return false;
-  return depth_ > 0 ||
-         (known && expected.constants_known && constants.value() == expected.constants);
+  if (depth_ > 0) return true;
+  const std::optional<uint64_t> constants = fingerprint_of(args, num_args);
+  return constants && expected.constants_known && *constants == expected.constants;
 }
 
 bool ReadTrace::is_expected_read(const TensorRead& expected, const at::Tensor& t, int arg,
@@ -636,19 +661,20 @@ bool ReadTrace::is_expected_read(const TensorRead& expected, const at::Tensor& t
   }
   const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
   auto it = seen_.find(impl);
-  if (it == seen_.end() || it->second.external != expected.external) return false;
-  if (!pending_.empty() && std::find(pending_.begin(), pending_.end(), impl) != pending_.end()) {
+  if (it == seen_.end() || it->second.external != expected.external || is_pending(impl)) {
     return false;
   }
   return !expected.external || expected.is_place_of(t);
 }
 
+bool ReadTrace::is_pending(const void* storage) const {
+  return !pending_.empty() &&
+         std::find(pending_.begin(), pending_.end(), storage) != pending_.end();
+}
+
 bool ReadTrace::reads_pending(const OpCall& call) const {
-  if (pending_.empty()) return false;
-  for (const TensorRead& r : call.reads) {
-    if (std::find(pending_.begin(), pending_.end(), r.storage) != pending_.end()) return true;
-  }
-  return false;
+  return std::any_of(call.reads.begin(), call.reads.end(),
+                     [&](const TensorRead& r) { return is_pending(r.storage); });
 }
 
 void ReadTrace::end_call(const c10::OperatorHandle& op, const c10::FunctionSchema& schema,

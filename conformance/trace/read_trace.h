@@ -239,8 +239,8 @@ class ReadTrace {
     /// keeping every call: a call that is the expected one in every respect
     /// a retrace is judged by (same_call) is counted and dropped; any other
     /// is kept in ops(), with its position in position(). A retrace then
-    /// costs no record per call that stayed put (Note [A checking retrace]
-    /// in read_trace.cc).
+    /// makes no record for most calls that stayed put (Note [A checking
+    /// retrace] in read_trace.cc).
     const ReadTrace* expected = nullptr;
   };
 
@@ -311,7 +311,9 @@ class ReadTrace {
   c10::IValue hold_as_captured(const c10::IValue& v) const;
   bool existed_before(const TensorRead& r) const;
   void resolve_pending(size_t first_op, const std::vector<const c10::StorageImpl*>& returned);
-  // Whether `call` reads a storage whose classification is still provisional.
+  // Whether `storage`'s classification is still provisional (pending_), and
+  // whether `call` reads such a storage.
+  bool is_pending(const void* storage) const;
   bool reads_pending(const OpCall& call) const;
   // Whether a call of `schema` with `args` (its num_args arguments) would be
   // recorded as a call same_call() to `expected`, told without recording it;

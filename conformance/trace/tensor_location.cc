@@ -28,6 +28,13 @@ void append_list(std::string& s, c10::IntArrayRef values) {
   }
   s += ']';
 }
+
+// The address of element `offset`, of `t`'s dtype, in a storage whose data
+// is at `storage_data` (null for an empty storage).
+const void* data_at(const void* storage_data, int64_t offset, const at::Tensor& t) {
+  if (storage_data == nullptr) return nullptr;
+  return static_cast<const char*>(storage_data) + offset * static_cast<int64_t>(t.element_size());
+}
 }  // namespace
 
 TensorLocation TensorLocation::of(const at::Tensor& t) {
@@ -56,10 +63,7 @@ void TensorLocation::reset_to(const at::Tensor& t) {
   storage_data = s.data();
   storage_nbytes = s.nbytes();
   storage_offset = t.storage_offset();
-  if (storage_data != nullptr) {
-    data_ptr = static_cast<const char*>(storage_data) +
-               storage_offset * static_cast<int64_t>(t.element_size());
-  }
+  data_ptr = data_at(storage_data, storage_offset, t);
 }
 
 bool TensorLocation::is_place_of(const at::Tensor& t) const {
@@ -70,11 +74,7 @@ bool TensorLocation::is_place_of(const at::Tensor& t) const {
       dtype != t.scalar_type() || device != t.device()) {
     return false;
   }
-  const void* data = storage_data == nullptr
-                         ? nullptr
-                         : static_cast<const char*>(storage_data) +
-                               storage_offset * static_cast<int64_t>(t.element_size());
-  if (data_ptr != data ||
+  if (data_ptr != data_at(storage_data, storage_offset, t) ||
       !std::equal(sizes.begin(), sizes.end(), t.sizes().begin(), t.sizes().end())) {
     return false;
   }
