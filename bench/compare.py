@@ -49,6 +49,9 @@ The rule (time per iteration, per benchmark, over the repetitions):
           (reported, never fails).
   limit slower / limit faster: a limit itself moved (reported, never fails).
   faster  the mirror image of the first two conditions (reported).
+  few runs  SLOWER or faster, but a side has fewer than 3 repetitions: too
+          few for ranges apart to tell a change from noise (reported, never
+          fails; rule.py's Note [Too few runs to gate]).
   ok      anything else; new / missing / error: benchmarks in only one of the
           two runs, or that failed (an error also makes the exit status 1).
   differs SLOWER or faster against another machine's baseline (information).

@@ -50,7 +50,13 @@ class ClassifyTest(unittest.TestCase):
             ("ranges apart, within threshold", [10, 10, 10], [12, 12, 12], "ok"),
             ("just past threshold", [10, 10, 10], [12.6, 12.6, 12.6], "SLOWER"),
             ("faster", [20, 21, 22], [10, 11, 12], "faster"),
-            ("one repetition each", [10], [13], "SLOWER"),
+            # Note [Too few runs to gate]: fewer than 3 a side only informs.
+            ("one repetition each", [10], [13], "few runs"),
+            ("two against five", [10, 10, 11, 11, 12], [20, 21], "few runs"),
+            ("five against two", [10, 11], [20, 20, 21, 21, 22], "few runs"),
+            ("two against five, faster", [20, 20, 21, 21, 22], [10, 11], "few runs"),
+            ("three against five", [10, 10, 11, 11, 12], [20, 21, 22], "SLOWER"),
+            ("two against five, within noise", [10, 10, 11, 11, 20], [19, 21], "ok"),
         ]
         for name, base, cur, verdict in cases:
             with self.subTest(name):
@@ -63,6 +69,11 @@ class ClassifyTest(unittest.TestCase):
         self.assertEqual(rule.classify(base, cur, 0.25, relative=1.05), "machine")
         self.assertEqual(rule.classify(base, cur, 0.25, relative=1.6), "SLOWER")
         self.assertEqual(rule.classify(base, cur, 0.25, limit=True), "limit slower")
+        # A limit's own move is reported whatever the number of runs.
+        one, two = self.stats([10]), self.stats([20])
+        self.assertEqual(rule.classify(one, two, 0.25, limit=True), "limit slower")
+        self.assertEqual(rule.classify(two, one, 0.25, limit=True), "limit faster")
+        self.assertEqual(rule.classify(one, two, 0.25, relative=1.05), "machine")
 
     def test_references_pair_by_size(self):
         refs = rule.parse_references(
@@ -280,7 +291,7 @@ class MachineBaselineTest(MainCase):
         self.assertIn("SLOWER", out)
 
     def test_record_missing(self):
-        data = self.write("x.json", results({"BM_A/real_time": [1]}, cpu="Intel Xeon"))
+        data = self.write("x.json", results({"BM_A/real_time": [1, 1, 1]}, cpu="Intel Xeon"))
         rc, out = self.run_main("--record-missing", data)
         self.assertEqual(rc, 0, out)
         path = os.path.join(self.baselines, "testkind", "intel-xeon", "fake_bench.json")

@@ -3,7 +3,9 @@
 # (Markdown, JSON, PNG charts) in the folder named at the end.
 #
 #   tools/run.sh [--quick] [--base GIT_REF]
-#     --quick  fewer reloads and benchmark repetitions
+#     --quick  fewer reloads and benchmark repetitions (2: too few for a
+#              benchmark verdict to gate, so they are reported as information;
+#              bench/README.md, the rule's "few runs")
 #     --base   benchmarks A/B against that commit, in the same run (the CI
 #              regression check; also $RELOADSAFE_BENCH_BASE). Without it, the
 #              benchmarks are compared with this machine's stored baseline, or

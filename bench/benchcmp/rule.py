@@ -85,10 +85,25 @@ def is_limit(name: str, references: Iterable[Reference]) -> bool:
     return any(name.startswith(a) for ref in references for a in ref.alternatives)
 
 
+# Note [Too few runs to gate]
+# "Ranges apart" is what tells a change from noise, and it needs enough runs
+# on each side to mean that. With the same code on both sides, any order of
+# the m + n times is equally likely, so the current m all land above the base
+# n by chance once in C(m + n, m): once in 3 for one run each, once in 21 for
+# 2 runs against a 5-run baseline (the main job's --quick), which over the
+# ~240 benchmarks of the main job flags a few untouched ones every time on a
+# shared machine. With 3 runs a side it is once in 20 (3 against 3) to once in
+# 56 (3 against 5), and the median threshold cuts it further. So a side with
+# fewer than MIN_RUNS_TO_GATE runs makes the verdict "few runs": reported,
+# never a failure.
+MIN_RUNS_TO_GATE = 3
+
+
 def classify(base: Stats | None, cur: Stats | None, threshold: float,
              relative: float | None = None, limit: bool = False) -> str:
     """SLOWER, faster, ok, new, missing, error, or (not failing) machine /
-    limit slower / limit faster, for one benchmark; see compare.py's docstring.
+    limit slower / limit faster / few runs, for one benchmark; see
+    compare.py's docstring and Note [Too few runs to gate].
 
     `relative`: (current median / its limit's current median) over (baseline
     median / the limit's baseline median), when the benchmark has a limit
@@ -101,14 +116,17 @@ def classify(base: Stats | None, cur: Stats | None, threshold: float,
         return "new"
     if not cur.times:
         return "error"
+    few = min(len(base.times), len(cur.times)) < MIN_RUNS_TO_GATE
     if cur.median > base.median * (1 + threshold) and cur.min > base.max:
         if limit:
             return "limit slower"
         if relative is not None and relative <= 1 + threshold:
             return "machine"  # its limit slowed down about as much
-        return "SLOWER"
+        return "few runs" if few else "SLOWER"
     if cur.median * (1 + threshold) < base.median and cur.max < base.min:
-        return "limit faster" if limit else "faster"
+        if limit:
+            return "limit faster"
+        return "few runs" if few else "faster"
     return "ok"
 
 

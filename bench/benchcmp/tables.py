@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from .results import Stats
-from .rule import Row
+from .rule import MIN_RUNS_TO_GATE, Row
 
 
 def fmt_time(ns: float | None) -> str:
@@ -52,6 +52,10 @@ def summary_lines(counts: dict[str, int], threshold: float, gating: bool) -> lis
                 f"against another machine's baseline: information, not a verdict)"]
     lines = [f"({summary}; SLOWER = median more than {threshold:.0%} slower, ranges apart, and "
              f"more than {threshold:.0%} slower relative to its limit in the same run)"]
+    if "few runs" in counts:
+        lines.append("(few runs = SLOWER or faster, but a side has fewer than "
+                     f"{MIN_RUNS_TO_GATE} repetitions, too few to tell a change from noise: "
+                     "information; rerun with --repetitions 3 or more to judge)")
     if "varies" in counts:
         lines.append("(varies = SLOWER or faster, for a benchmark whose speed depends on state "
                      "outside the code (its binary's reloadsafe_informational): information)")
