@@ -205,9 +205,12 @@ def bench_line(v):
     if v.get("errors"):
         return f"{len(v['errors'])} benchmark(s) failed"
     if mode in ("ab", "baseline"):
+        few = sum(c.get("few runs", 0) for c in v.get("families", {}).values())
+        unjudged = (f"; {few} moved beyond the threshold with too few repetitions to judge "
+                    f"(few runs: information)" if few else "")
         return ("no regression" if not v.get("slower") else
                 f"REGRESSION in {len(v['slower'])} benchmark(s)") + \
-            f" ({MODES[mode].format(base=v.get('base'))})"
+            f" ({MODES[mode].format(base=v.get('base'))}{unjudged})"
     return MODES[mode].format(base=v.get("base"))
 
 
