@@ -144,6 +144,35 @@ TEST(CapturedForward, AForwardThatReadsTheSameTensorsComparesClean) {
   EXPECT_TRUE(at::allclose(*replayed, m.forward(x))) << "the replay reads the new values";
 }
 
+// The point of a checking retrace: a forward that stayed put is told call
+// by call from the arguments, storages seen for the first time included,
+// with no record made; a call that moved is recorded.
+TEST(CapturedForward, ACheckingRetraceRecordsOnlyTheCallsThatMoved) {
+  Weights m;
+  const at::Tensor x = at::randn({2, 4});
+  CapturedForward capture([&] { return m.forward(x); });
+  m.w.copy_(at::randn({8, 4}));
+  {
+    ReadTrace checking(capture.retrace_options());
+    m.forward(x);
+    checking.stop();
+    EXPECT_EQ(checking.calls(), capture.trace().ops().size());
+    EXPECT_EQ(checking.records(), 0u);
+    EXPECT_TRUE(checking.ops().empty());
+  }
+  m.scale = at::rand({8}) + 0.5;  // rebuilt: only the op that reads it moved
+  ReadTrace checking(capture.retrace_options());
+  m.forward(x);
+  checking.stop();
+  ASSERT_EQ(checking.ops().size(), 1u);
+  EXPECT_EQ(checking.ops()[0].name, "aten::mul.Tensor");
+  EXPECT_EQ(checking.records(), 1u);
+  ReadTrace full;
+  m.forward(x);
+  full.stop();
+  EXPECT_EQ(full.records(), full.calls());
+}
+
 TEST(CapturedForward, ARebuiltTensorIsFlaggedByAddressAndGivesAStaleReplay) {
   Weights m;
   const at::Tensor x = at::randn({2, 4});

@@ -338,13 +338,14 @@ bool same_call(const OpCall& a, const OpCall& b) {
 //
 // Each call is first told against the expected call from its arguments,
 // without a record (is_expected_call): the same op name and depth, no
-// opaque object, every tensor read from the same argument and element, on
-// a storage the trace has already classified (and not provisionally), as
-// external as it was and, if external, at the expected place
+// opaque object, every tensor read from the same argument and element, as
+// external as it was (a storage seen for the first time is classified on
+// the spot, by the one rule a record uses too: classify_read) and not
+// provisionally, and, if external, at the expected place
 // (TensorLocation::is_place_of); for a top-level call, the other arguments'
-// fingerprint known and equal. Whatever it cannot tell that way (a storage
-// seen for the first time, an object, a tensor without a plain storage, any
-// difference) is recorded as any trace records it and then compared with
+// fingerprint known and equal. Whatever it cannot tell that way (an object,
+// a tensor without a plain storage, a provisional storage, any difference)
+// is recorded as any trace records it and then compared with
 // same_call, so a call is dropped only if its record would have been the
 // expected one. A call is never dropped while it reads a storage whose
 // classification is provisional (Note [Inside or before the scope]): the end
@@ -406,7 +407,9 @@ std::string TensorRead::where(std::string_view op_name) const {
 }
 
 ReadTrace::ReadTrace(Options options) : options_(options) {
-  ops_.reserve(32);  // a layer's forward: a few dozen ops, recorded without regrowing
+  // A layer's forward: a few dozen ops, recorded without regrowing; a checking
+  // trace keeps only the calls that differ, usually none.
+  if (options_.expected == nullptr) ops_.reserve(32);
   start_epoch_ = cpu_allocation_epoch().value_or(0);
   owner_ = std::this_thread::get_id();
   previous_ = tls_active;
@@ -482,17 +485,18 @@ void ReadTrace::fill_read(TensorRead& r, const at::Tensor& t, int arg, int eleme
     r.external = true;
     return;
   }
-  const c10::Storage& storage = t.storage();
-  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+  r.external = classify_read(t, t.storage().unsafeGetStorageImpl());
+}
+
+bool ReadTrace::classify_read(const at::Tensor& t, c10::StorageImpl* impl) {
   auto it = seen_.find(impl);
-  if (it == seen_.end()) {
-    it = seen_
-             .emplace(impl, Seen{existed_before(r), c10::weak_intrusive_ptr<c10::StorageImpl>(
-                                                        storage.getWeakStorageImpl())})
-             .first;
-    if (it->second.external && depth_ > 0 && !r.device.is_cpu()) pending_.push_back(impl);
-  }
-  r.external = it->second.external;
+  if (it != seen_.end()) return it->second.external;
+  const c10::Device device = t.device();
+  const bool external = existed_before(device, impl->data());
+  seen_.emplace(impl, Seen{external, c10::weak_intrusive_ptr<c10::StorageImpl>(
+                                         t.storage().getWeakStorageImpl())});
+  if (external && depth_ > 0 && !device.is_cpu()) pending_.push_back(impl);
+  return external;
 }
 
 // Note [Inside or before the scope]
@@ -503,9 +507,9 @@ void ReadTrace::fill_read(TensorRead& r, const at::Tensor& t, int arg, int eleme
 // by the trace): a block allocated after the trace started is internal,
 // whoever allocated it. Elsewhere a storage first seen inside a nested op is
 // provisional: it becomes internal if the enclosing top-level op returns it.
-bool ReadTrace::existed_before(const TensorRead& r) const {
-  if (r.device.is_cpu() && r.storage_data != nullptr) {
-    const auto epoch = cpu_allocation_epoch_of(r.storage_data);
+bool ReadTrace::existed_before(const c10::Device& device, const void* storage_data) const {
+  if (device.is_cpu() && storage_data != nullptr) {
+    const auto epoch = cpu_allocation_epoch_of(storage_data);
     return !(epoch && *epoch > start_epoch_);
   }
   return true;
@@ -614,6 +618,7 @@ void ReadTrace::begin_call(const c10::OperatorHandle& op, const c10::FunctionSch
     throw;
   }
   progress.recorded = true;
+  ++records_;
   const size_t position = calls_++;
   if (options_.expected != nullptr) {
     // See Note [A checking retrace].
@@ -629,7 +634,7 @@ void ReadTrace::begin_call(const c10::OperatorHandle& op, const c10::FunctionSch
 }
 
 bool ReadTrace::is_expected_call(const OpCall& expected, const c10::FunctionSchema& schema,
-                                 const c10::IValue* args, size_t num_args) const {
+                                 const c10::IValue* args, size_t num_args) {
   if (expected.depth != depth_ || !expected.objects.empty() ||
       (num_args == 0 && !schema.arguments().empty())) {
     return false;
@@ -652,18 +657,14 @@ bool ReadTrace::is_expected_call(const OpCall& expected, const c10::FunctionSche
 }
 
 bool ReadTrace::is_expected_read(const TensorRead& expected, const at::Tensor& t, int arg,
-                                 int element) const {
-  // A tensor without a plain storage, or a storage not seen yet (whose
-  // classification the full record makes), is recorded in full.
+                                 int element) {
+  // A tensor without a plain storage is recorded in full.
   if (expected.arg != arg || expected.element != element || !expected.has_storage ||
       dispatches_in_python(t) || !t.has_storage()) {
     return false;
   }
-  const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
-  auto it = seen_.find(impl);
-  if (it == seen_.end() || it->second.external != expected.external || is_pending(impl)) {
-    return false;
-  }
+  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  if (classify_read(t, impl) != expected.external || is_pending(impl)) return false;
   return !expected.external || expected.is_place_of(t);
 }
 

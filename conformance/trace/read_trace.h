@@ -262,6 +262,12 @@ class ReadTrace {
   /// How many calls the trace saw, dropped ones included.
   size_t calls() const { return calls_; }
 
+  /// How many calls the trace recorded in full: every call, unless it
+  /// checks against Options::expected; then only those it could not tell
+  /// from their arguments (Note [A checking retrace] in read_trace.cc), kept
+  /// or dropped after the record.
+  size_t records() const { return records_; }
+
   /// The position of ops()[k] among all the calls seen: k, unless the trace
   /// checks against Options::expected.
   size_t position(size_t k) const { return options_.expected != nullptr ? positions_[k] : k; }
@@ -309,7 +315,14 @@ class ReadTrace {
                  const c10::Argument& schema_arg);
   void note_result(const at::Tensor& t);
   c10::IValue hold_as_captured(const c10::IValue& v) const;
-  bool existed_before(const TensorRead& r) const;
+  // Whether the storage at `storage_data` on `device` existed before the
+  // trace began (Note [Inside or before the scope]).
+  bool existed_before(const c10::Device& device, const void* storage_data) const;
+  // Whether the plain storage `impl` of `t`, an argument of the current
+  // call, is external: its classification, made at its first sight and
+  // kept (pending_ if provisional). Both a record and a check without one
+  // classify through here, so the two cannot disagree.
+  bool classify_read(const at::Tensor& t, c10::StorageImpl* impl);
   void resolve_pending(size_t first_op, const std::vector<const c10::StorageImpl*>& returned);
   // Whether `storage`'s classification is still provisional (pending_), and
   // whether `call` reads such a storage.
@@ -318,10 +331,10 @@ class ReadTrace {
   // Whether a call of `schema` with `args` (its num_args arguments) would be
   // recorded as a call same_call() to `expected`, told without recording it;
   // false also where that cannot be told cheaply (Note [A checking retrace]).
+  // Not const: a storage seen for the first time is classified on the way.
   bool is_expected_call(const OpCall& expected, const c10::FunctionSchema& schema,
-                        const c10::IValue* args, size_t num_args) const;
-  bool is_expected_read(const TensorRead& expected, const at::Tensor& t, int arg,
-                        int element) const;
+                        const c10::IValue* args, size_t num_args);
+  bool is_expected_read(const TensorRead& expected, const at::Tensor& t, int arg, int element);
 
   CpuCensusScope census_;  // see Note [Inside or before the scope]
   Options options_;
@@ -332,6 +345,7 @@ class ReadTrace {
   std::optional<c10::impl::IncludeDispatchKeyGuard> include_;
   std::vector<OpCall> ops_;
   size_t calls_ = 0;
+  size_t records_ = 0;
   std::vector<size_t> positions_;  // with Options::expected: ops_[k]'s position
   std::vector<HeldCall> held_;
   // Storage identity -> external?; the weak reference keeps the identity
