@@ -493,8 +493,9 @@ bool ReadTrace::classify_read(const at::Tensor& t, c10::StorageImpl* impl) {
   if (it != seen_.end()) return it->second.external;
   const c10::Device device = t.device();
   const bool external = existed_before(device, impl->data());
-  seen_.emplace(impl, Seen{external, c10::weak_intrusive_ptr<c10::StorageImpl>(
-                                         t.storage().getWeakStorageImpl())});
+  seen_.emplace(
+      impl,
+      Seen{external, c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl())});
   if (external && depth_ > 0 && !device.is_cpu()) pending_.push_back(impl);
   return external;
 }
