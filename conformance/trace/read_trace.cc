@@ -223,19 +223,15 @@ void trace_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
   ReadTrace::dispatch(trace, op, ks, stack);
 }
 
-// Whether the op on `stack` goes on to a __torch_dispatch__: one of its
-// tensors dispatches in Python, or a Python dispatch mode is on (a mode
-// includes the Python key for the thread).
-bool dispatch_goes_to_python(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
-  if (c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::Python)) return true;
-  const size_t num_args = std::min(op.schema().arguments().size(), stack.size());
-  bool python = false;
-  for (size_t i = stack.size() - num_args; i < stack.size() && !python; ++i) {
-    for_each_tensor(stack[i], [&](const at::Tensor& t, int) {
-      python = python || (t.defined() && dispatches_in_python(t));
-    });
-  }
-  return python;
+// Whether an op dispatched with the key set `ks` goes on to a
+// __torch_dispatch__: the dispatcher computed `ks` from the Python key of
+// every tensor argument (lists included) and the thread's included keys (a
+// Python dispatch mode includes the Python key), and it is the set the
+// redispatch below the trace uses, so the Python key in it is exactly what
+// sends the op to Python. One bit test instead of a walk of the arguments
+// on every call.
+bool dispatch_goes_to_python(c10::DispatchKeySet ks) {
+  return ks.has(c10::DispatchKey::Python);
 }
 
 // TorchBind qualifies its classes as "__torch__.torch.classes.<ns>.<Name>".
@@ -812,7 +808,7 @@ void ReadTrace::dispatch(ReadTrace* innermost, const c10::OperatorHandle& op,
   try {
     if (nested) {
       // See Note [Inside a subclass's dispatch].
-      ObserveInsidePython observe(dispatch_goes_to_python(op, *stack));
+      ObserveInsidePython observe(dispatch_goes_to_python(ks));
       op.redispatchBoxed(ks.remove(kTraceKey), stack);
     } else {
       c10::impl::ExcludeDispatchKeyGuard off(kTraceKey);
