@@ -89,7 +89,7 @@ def is_limit(name: str, references: Iterable[Reference]) -> bool:
 # "Ranges apart" is what tells a change from noise, and it needs enough runs
 # on each side to mean that. With the same code on both sides, any order of
 # the m + n times is equally likely, so the current m all land above the base
-# n by chance once in C(m + n, m): once in 3 for one run each, once in 21 for
+# n by chance once in C(m + n, m): once in 2 for one run each, once in 21 for
 # 2 runs against a 5-run baseline (the main job's --quick), which over the
 # ~240 benchmarks of the main job flags a few untouched ones every time on a
 # shared machine. With 3 runs a side it is once in 20 (3 against 3) to once in
