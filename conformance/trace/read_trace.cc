@@ -227,9 +227,8 @@ void trace_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
 // __torch_dispatch__: the dispatcher computed `ks` from the Python key of
 // every tensor argument (lists included) and the thread's included keys (a
 // Python dispatch mode includes the Python key), and it is the set the
-// redispatch below the trace uses, so the Python key in it is exactly what
-// sends the op to Python. One bit test instead of a walk of the arguments
-// on every call.
+// redispatch below the trace uses, so the Python key in it is what sends
+// the op to Python.
 bool dispatch_goes_to_python(c10::DispatchKeySet ks) {
   return ks.has(c10::DispatchKey::Python);
 }
