@@ -74,15 +74,29 @@ std::string basis_of(const std::map<std::string, Measurement>& measured) {
                     "for medians";
 }
 
+// Whether `t` divides one benchmark prefix by another (a median target's
+// patterns name no benchmark prefix, and a time or counter target no limit).
+bool pairs_two_prefixes(const Target& t) {
+  switch (t.kind) {
+    case Target::Kind::kBestAtLeast:
+    case Target::Kind::kEachAtLeast:
+    case Target::Kind::kTimeRatioAtMost:
+      return true;
+    case Target::Kind::kTimeAtMost:
+    case Target::Kind::kMedianTimeRatioAtMost:
+    case Target::Kind::kCounterAtMost:
+    case Target::Kind::kMedianCounterAtMost:
+      return false;
+  }
+  return false;
+}
+
 // "prefix=limit;..." for the context: the ratio targets' pairs, then the
-// binary's other references, each once. A median target's patterns name no
-// benchmark prefix (its pairs are each sample's own targets).
+// binary's other references, each once.
 std::string references_of(const BenchMainOptions& options) {
   std::vector<std::pair<std::string, std::string>> pairs;
   for (const Target& t : options.targets) {
-    if (t.kind != Target::Kind::kTimeAtMost && t.kind != Target::Kind::kMedianTimeRatioAtMost) {
-      pairs.emplace_back(t.candidates, t.limit);
-    }
+    if (pairs_two_prefixes(t)) pairs.emplace_back(t.candidates, t.limit);
   }
   for (const LimitReference& r : options.references) pairs.emplace_back(r.benchmarks, r.limit);
   std::string out;

@@ -14,14 +14,19 @@
 //   BM_Forward/<backend>/{untraced,traced,captured}/process_time
 //                                                  one forward, bare, under a ReadTrace, and
 //                                                  captured (trace + held arguments)
+//   BM_HarnessPaired/<backend>/process_time        the first three in turn, each timed on
+//                                                  its own; counters traced_over_untraced
+//                                                  and traced_over_own_work (Note [Paired
+//                                                  ratios])
 //
 // All on one thread, timed in process CPU time, which other processes on a
 // shared machine do not inflate (bench/compare.py judges /process_time
 // benchmarks by it).
 //
-// Targets (ratios within the run): a traced harness run <= 3 x its own work,
+// Targets (the paired counters): a traced harness run <= 3 x its own work,
 // and <= 1.3 x the untraced run (the tracing overhead), for each sample and
-// as the median over the samples.
+// as the median over the samples. The separate benchmarks are tracked for
+// regressions against each other (their ratios are printed as references).
 //
 //   bazel run -c opt //bench:harness_bench -- --benchmark_repetitions=5
 //   bench/compare.py harness_bench
@@ -34,6 +39,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <benchmark/benchmark.h>
 
+#include <ctime>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,18 +57,44 @@ using trace::CapturedForward;
 constexpr int kReloads = 10;                 // per mode, as check_reload's default
 constexpr int kOwnWorkUnits = 2 * kReloads;  // one per reload of both modes
 
-void harness_run(benchmark::State& state, const Backend& backend, bool trace) {
-  ScopedThreads threads(1);
+// One harness run; false (and the benchmark skipped with the report) if the
+// backend did not pass.
+bool run_once(benchmark::State& state, const Backend& backend, bool trace) {
   RunOptions options;
   options.reloads = kReloads;
   options.trace = trace;
+  const harness::BackendReport report = harness::run_backend(backend, options);
+  if (report.ok()) return true;
+  state.SkipWithError(("the backend did not pass: " + harness::to_table({report})).c_str());
+  return false;
+}
+
+// The layer's own work for as many reloads as a harness run makes.
+class OwnWork {
+ public:
+  explicit OwnWork(const Backend& backend)
+      : session_(backend, c10::kCPU, /*seed=*/1), ckpt_(session_.draw_checkpoint(2)) {
+    at::Generator gen = at::detail::createCPUGenerator(3);
+    x_ = at::randn(backend.input_shape(), gen, at::kFloat);
+  }
+
+  void run() {
+    for (int i = 0; i < kOwnWorkUnits; ++i) {
+      benchmark::DoNotOptimize(session_.cold_forward(ckpt_, x_).const_data_ptr());
+    }
+  }
+
+ private:
+  ReloadSession session_;
+  harness::Checkpoint ckpt_;
+  at::Tensor x_;
+};
+
+void harness_run(benchmark::State& state, const Backend& backend, bool trace) {
+  ScopedThreads threads(1);
   guarded(state, [&] {
     for (auto _ : state) {
-      const harness::BackendReport report = harness::run_backend(backend, options);
-      if (!report.ok()) {
-        state.SkipWithError(("the backend did not pass: " + harness::to_table({report})).c_str());
-        break;
-      }
+      if (!run_once(state, backend, trace)) break;
     }
   });
 }
@@ -70,14 +102,53 @@ void harness_run(benchmark::State& state, const Backend& backend, bool trace) {
 void own_work(benchmark::State& state, const Backend& backend) {
   ScopedThreads threads(1);
   guarded(state, [&] {
-    ReloadSession session(backend, c10::kCPU, /*seed=*/1);
-    const harness::Checkpoint ckpt = session.draw_checkpoint(2);
-    at::Generator gen = at::detail::createCPUGenerator(3);
-    const at::Tensor x = at::randn(backend.input_shape(), gen, at::kFloat);
+    OwnWork work(backend);
+    for (auto _ : state) work.run();
+  });
+}
+
+// The clock the /process_time benchmarks are judged by, in seconds.
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// Note [Paired ratios]
+// The targets are ratios of a traced harness run to an untraced one and to
+// the own work. Measured as separate benchmarks, the two sides of a ratio
+// run seconds apart, and on a shared 2-vCPU machine what the neighbours do
+// in between moves the ratio by more than the target's margin: one process
+// measured 0.99 for one sample and 1.69 for another whose instruction counts
+// (callgrind) give 1.15 and 1.30. BM_HarnessPaired runs the three in turn
+// within each iteration, the order rotating from one iteration to the next,
+// and times each on its own: both sides of a ratio share every stretch of
+// the machine's load, and its counters are the ratios of the summed times.
+void harness_paired(benchmark::State& state, const Backend& backend) {
+  ScopedThreads threads(1);
+  guarded(state, [&] {
+    enum Part { kTraced, kUntraced, kOwn, kParts };
+    OwnWork work(backend);
+    double spent[kParts] = {};
+    int64_t round = 0;
+    bool ok = true;
     for (auto _ : state) {
-      for (int i = 0; i < kOwnWorkUnits; ++i) {
-        benchmark::DoNotOptimize(session.cold_forward(ckpt, x).const_data_ptr());
+      for (int k = 0; k < kParts && ok; ++k) {
+        const int part = static_cast<int>((round + k) % kParts);
+        const double start = process_cpu_seconds();
+        if (part == kOwn) {
+          work.run();
+        } else {
+          ok = run_once(state, backend, part == kTraced);
+        }
+        spent[part] += process_cpu_seconds() - start;
       }
+      if (!ok) break;
+      ++round;
+    }
+    if (ok && spent[kUntraced] > 0 && spent[kOwn] > 0) {
+      state.counters["traced_over_untraced"] = spent[kTraced] / spent[kUntraced];
+      state.counters["traced_over_own_work"] = spent[kTraced] / spent[kOwn];
     }
   });
 }
@@ -139,15 +210,22 @@ BenchMainOptions register_benchmarks() {
           ->MeasureProcessCPUTime()
           ->Unit(benchmark::kMicrosecond);
     }
-    // The own-work target first: compare.py measures a harness run's
-    // slowdown against its own work (the first pair named for a prefix).
-    options.targets.push_back({Target::Kind::kTimeRatioAtMost,
-                               "harness run, traced / 20 x own work (" + name + ")",
-                               run + "traced/", own, 0, 3.0});
-    options.targets.push_back({Target::Kind::kTimeRatioAtMost,
+    benchmark::RegisterBenchmark(("BM_HarnessPaired/" + name).c_str(),
+                                 [backend](benchmark::State& s) { harness_paired(s, *backend); })
+        ->MeasureProcessCPUTime()
+        ->Unit(benchmark::kMillisecond);
+    const std::string paired = "BM_HarnessPaired/" + name + "/";
+    options.targets.push_back({Target::Kind::kCounterAtMost,
+                               "harness run, traced / 20 x own work (" + name + ")", paired, "",
+                               0, 3.0, "traced_over_own_work"});
+    options.targets.push_back({Target::Kind::kCounterAtMost,
                                "tracing overhead: harness run traced / untraced (" + name + ")",
-                               run + "traced/", run + "untraced/", 0, 1.3});
+                               paired, "", 0, 1.3, "traced_over_untraced"});
+    // compare.py judges a benchmark's slowdown relative to the limit of the
+    // same run: a harness run and the pair against the own work.
+    options.references.emplace_back(run + "traced/", own);
     options.references.emplace_back(run + "untraced/", own);
+    options.references.emplace_back(paired, own);
     options.references.emplace_back("BM_Forward/" + name + "/traced/",
                                     "BM_Forward/" + name + "/untraced/");
     options.references.emplace_back("BM_Forward/" + name + "/captured/",
@@ -157,13 +235,13 @@ BenchMainOptions register_benchmarks() {
   // ratio still judged above: on a sample whose forward is many ops of a few
   // hundred nanoseconds each, the trace's fixed work per op (boxing the
   // arguments for the fallback, recording each read) is most of its cost.
-  options.targets.push_back({Target::Kind::kMedianTimeRatioAtMost,
+  options.targets.push_back({Target::Kind::kMedianCounterAtMost,
                              "harness run, traced / 20 x own work (median over the samples)",
-                             "BM_HarnessRun/*/traced/", "BM_OwnWork/*/", 0, 3.0});
-  options.targets.push_back({Target::Kind::kMedianTimeRatioAtMost,
+                             "BM_HarnessPaired/*/", "", 0, 3.0, "traced_over_own_work"});
+  options.targets.push_back({Target::Kind::kMedianCounterAtMost,
                              "tracing overhead: harness run traced / untraced (median over the "
                              "samples)",
-                             "BM_HarnessRun/*/traced/", "BM_HarnessRun/*/untraced/", 0, 1.3});
+                             "BM_HarnessPaired/*/", "", 0, 1.3, "traced_over_untraced"});
   options.context = {{"harness_bench_reloads_per_mode", std::to_string(kReloads)},
                      {"harness_bench_threads", "1"}};
   return options;

@@ -92,6 +92,21 @@ std::optional<std::string> subject_of(const std::string& pattern, const std::str
 
 namespace {
 
+// One row judging the median of `values` against t's upper bound, named
+// after t's candidate pattern and how many values it is the median of; no
+// row for no values.
+void append_median_row(const Target& t, std::vector<double> values,
+                       std::vector<TargetResult>* results) {
+  if (values.empty()) return;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  const double median = n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+  std::string pattern = t.candidates;
+  if (!pattern.empty() && pattern.back() == '/') pattern.pop_back();
+  results->push_back({t.description, 0, median, t.bound, true, median <= t.bound,
+                      pattern + " (median of " + std::to_string(n) + ")"});
+}
+
 // kMedianTimeRatioAtMost: one row, the median over subjects of the
 // candidate's time over its subject's fastest limit.
 void append_median_time_ratio(const Target& t, const std::map<std::string, Measurement>& measured,
@@ -111,14 +126,30 @@ void append_median_time_ratio(const Target& t, const std::map<std::string, Measu
     auto it = limit.find(*subject);
     if (it != limit.end()) ratios.push_back(m.time_ns / it->second);
   }
-  if (ratios.empty()) return;
-  std::sort(ratios.begin(), ratios.end());
-  const size_t n = ratios.size();
-  const double median = n % 2 == 1 ? ratios[n / 2] : (ratios[n / 2 - 1] + ratios[n / 2]) / 2;
-  std::string pattern = t.candidates;
-  if (!pattern.empty() && pattern.back() == '/') pattern.pop_back();
-  results->push_back({t.description, 0, median, t.bound, true, median <= t.bound,
-                      pattern + " (median of " + std::to_string(n) + ")"});
+  append_median_row(t, std::move(ratios), results);
+}
+
+// kCounterAtMost: each candidate's counter.
+void append_counters(const Target& t, const std::map<std::string, Measurement>& measured,
+                     std::vector<TargetResult>* results) {
+  for (const auto& [name, m] : measured) {
+    if (!starts_with(name, t.candidates)) continue;
+    auto it = m.counters.find(t.counter);
+    if (it == m.counters.end()) continue;
+    results->push_back({t.description, 0, it->second, t.bound, true, it->second <= t.bound, name});
+  }
+}
+
+// kMedianCounterAtMost: one row, the median over subjects of their counter.
+void append_median_counter(const Target& t, const std::map<std::string, Measurement>& measured,
+                           std::vector<TargetResult>* results) {
+  std::vector<double> values;
+  for (const auto& [name, m] : measured) {
+    if (!subject_of(t.candidates, name)) continue;
+    auto it = m.counters.find(t.counter);
+    if (it != m.counters.end()) values.push_back(it->second);
+  }
+  append_median_row(t, std::move(values), results);
 }
 
 // kTimeRatioAtMost: each candidate's time over the fastest limit of its size
@@ -169,6 +200,14 @@ std::vector<TargetResult> evaluate_targets(const std::vector<Target>& targets,
     }
     if (t.kind == Target::Kind::kMedianTimeRatioAtMost) {
       append_median_time_ratio(t, measured, &results);
+      continue;
+    }
+    if (t.kind == Target::Kind::kCounterAtMost) {
+      append_counters(t, measured, &results);
+      continue;
+    }
+    if (t.kind == Target::Kind::kMedianCounterAtMost) {
+      append_median_counter(t, measured, &results);
       continue;
     }
     // The limit of each size (the fastest of the alternatives), then the

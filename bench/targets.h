@@ -44,6 +44,8 @@ struct Measurement {
   /// How many repetitions the figures summarise (1: a single run; more: the
   /// figures are the median over them).
   int64_t repetitions = 1;
+  /// The benchmark's user counters, by name (medians when repeated).
+  std::map<std::string, double> counters;
 };
 
 /// A performance target.
@@ -62,6 +64,14 @@ struct Target {
     /// the same subject (the fastest, for several), and one row judges the
     /// median of the pairs' ratios
     kMedianTimeRatioAtMost,
+    /// every candidate: its counter `counter` (a ratio the benchmark measured
+    /// itself, Note [Paired ratios] in harness_bench.cc) <= bound; `limit`
+    /// is unused
+    kCounterAtMost,
+    /// the median over candidates of their counter `counter` <= bound;
+    /// `candidates` is a pattern with one `*` (as for
+    /// kMedianTimeRatioAtMost), `limit` is unused
+    kMedianCounterAtMost,
   };
   Kind kind;
   std::string description;
@@ -76,6 +86,8 @@ struct Target {
   int64_t min_bytes = 0;
   /// The ratio to reach, or the time in nanoseconds not to exceed.
   double bound = 0;
+  /// The counter judged (counter kinds only).
+  std::string counter = {};
 };
 
 /// One judged comparison.
@@ -146,6 +158,7 @@ class RecordingReporter : public Base {
     if (auto it = run.counters.find("bytes_per_second"); it != run.counters.end()) {
       m.bytes_per_second = it->second.value;
     }
+    for (const auto& [name, counter] : run.counters) m.counters[name] = counter.value;
     m.repetitions = std::max<int64_t>(1, run.repetitions);
     measured_[run.run_name.str()] = m;
   }

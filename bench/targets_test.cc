@@ -121,6 +121,67 @@ TEST(TargetsTest, MedianTimeRatioTable) {
   }
 }
 
+Measurement with_counter(const std::string& name, double value) {
+  Measurement m = time_ns(1000);
+  m.counters[name] = value;
+  return m;
+}
+
+// The counter kinds over one table of measurements: which rows each target
+// gives, with what value and verdict.
+struct CounterCase {
+  const char* what;
+  Target target;
+  std::vector<std::pair<std::string, double>> rows;  // candidate judged, value
+  std::vector<bool> met;
+};
+
+TEST(TargetsTest, CounterTable) {
+  const std::map<std::string, Measurement> measured = {
+      {"BM_Pair/a/process_time", with_counter("overhead", 1.2)},
+      {"BM_Pair/b/process_time", with_counter("overhead", 1.5)},
+      {"BM_Pair/c/process_time", with_counter("overhead", 1.25)},
+      {"BM_Pair/d/process_time", with_counter("other", 9.0)},  // without the counter
+      {"BM_Other/a/process_time", with_counter("overhead", 7.0)},
+  };
+  using K = Target::Kind;
+  const std::vector<CounterCase> cases = {
+      {"each candidate with the counter, judged on its own",
+       {K::kCounterAtMost, "each", "BM_Pair/", "", 0, 1.3, "overhead"},
+       {{"BM_Pair/a/process_time", 1.2},
+        {"BM_Pair/b/process_time", 1.5},
+        {"BM_Pair/c/process_time", 1.25}},
+       {true, false, true}},
+      {"one candidate by its prefix",
+       {K::kCounterAtMost, "one", "BM_Pair/b/", "", 0, 1.3, "overhead"},
+       {{"BM_Pair/b/process_time", 1.5}},
+       {false}},
+      {"a counter nobody reports: no row, never met",
+       {K::kCounterAtMost, "none", "BM_Pair/", "", 0, 1.3, "missing"},
+       {},
+       {}},
+      {"the median over the subjects that report it",
+       {K::kMedianCounterAtMost, "median", "BM_Pair/*/", "", 0, 1.3, "overhead"},
+       {{"BM_Pair/* (median of 3)", 1.25}},
+       {true}},
+      {"a median above the bound is missed",
+       {K::kMedianCounterAtMost, "median", "BM_Pair/*/", "", 0, 1.2, "overhead"},
+       {{"BM_Pair/* (median of 3)", 1.25}},
+       {false}},
+  };
+  for (const CounterCase& c : cases) {
+    const std::vector<TargetResult> results = evaluate_targets({c.target}, measured);
+    ASSERT_EQ(results.size(), c.rows.size()) << c.what;
+    for (size_t i = 0; i < results.size(); ++i) {
+      EXPECT_EQ(results[i].candidate, c.rows[i].first) << c.what;
+      EXPECT_NEAR(results[i].value, c.rows[i].second, 1e-9) << c.what;
+      EXPECT_EQ(results[i].met, c.met[i]) << c.what;
+      EXPECT_TRUE(results[i].at_most) << c.what;
+      EXPECT_FALSE(results[i].is_time) << c.what;
+    }
+  }
+}
+
 TEST(TargetsTest, TimeRatioJudgesEachCandidateAgainstItsOwnLimit) {
   const Target target{
       Target::Kind::kTimeRatioAtMost, "own work", "BM_Run/a/traced/", "BM_Own/a/", 0, 3.0};
