@@ -405,6 +405,9 @@ ReadTrace::ReadTrace(Options options) : options_(options) {
   // A layer's forward: a few dozen ops, recorded without regrowing; a checking
   // trace keeps only the calls that differ, usually none.
   if (options_.expected == nullptr) ops_.reserve(32);
+  // A forward reads a handful of storages: one table allocation, not a
+  // rehash every few inserts while the trace is young.
+  seen_.reserve(16);
   start_epoch_ = cpu_allocation_epoch().value_or(0);
   owner_ = std::this_thread::get_id();
   previous_ = tls_active;
@@ -790,18 +793,23 @@ void ReadTrace::observed_end(ObservedCall& call, c10::ArrayRef<c10::IValue> retu
     call.chain[k]->end_call(call.op, schema, returns, call.progress[k]);
 }
 
-void ReadTrace::dispatch(ReadTrace* innermost, const c10::OperatorHandle& op,
-                         c10::DispatchKeySet ks, torch::jit::Stack* stack) {
-  // Every trace active on this thread records the call, innermost first.
-  const c10::SmallVector<ReadTrace*, 4> chain = active_chain(innermost);
-  c10::SmallVector<CallInProgress, 4> progress(chain.size());
+// Note [One trace or a chain]
+// Almost always one trace is active on the thread: the fallback then runs
+// that trace's begin_call and end_call around the op with one progress
+// record on the stack. Only when traces nest does it gather the active ones
+// into a chain (innermost first) and run each of them around the op; the
+// two paths share run_around.
+template <typename Each>
+void ReadTrace::run_around(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
+                           torch::jit::Stack* stack, size_t count, Each&& each) {
   const c10::FunctionSchema& schema = op.schema();
   bool nested = false;
   {
     OwnWork own;
-    for (size_t k = 0; k < chain.size(); ++k) {
-      chain[k]->begin_call(op, schema, *stack, progress[k]);
-      nested = nested || chain[k]->records_nested();
+    for (size_t k = 0; k < count; ++k) {
+      auto [trace, progress] = each(k);
+      trace->begin_call(op, schema, *stack, *progress);
+      nested = nested || trace->records_nested();
     }
   }
   try {
@@ -814,11 +822,29 @@ void ReadTrace::dispatch(ReadTrace* innermost, const c10::OperatorHandle& op,
       op.redispatchBoxed(ks.remove(kTraceKey), stack);
     }
   } catch (...) {
-    for (ReadTrace* t : chain) --t->depth_;
+    for (size_t k = 0; k < count; ++k) --each(k).first->depth_;
     throw;
   }
   OwnWork own;
-  for (size_t k = 0; k < chain.size(); ++k) chain[k]->end_call(op, schema, *stack, progress[k]);
+  for (size_t k = 0; k < count; ++k) {
+    auto [trace, progress] = each(k);
+    trace->end_call(op, schema, *stack, *progress);
+  }
+}
+
+void ReadTrace::dispatch(ReadTrace* innermost, const c10::OperatorHandle& op,
+                         c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  // See Note [One trace or a chain].
+  if (innermost->active_ && innermost->previous_ == nullptr) {
+    CallInProgress progress;
+    run_around(op, ks, stack, 1, [&](size_t) { return std::pair{innermost, &progress}; });
+    return;
+  }
+  // Every trace active on this thread records the call, innermost first.
+  const c10::SmallVector<ReadTrace*, 4> chain = active_chain(innermost);
+  c10::SmallVector<CallInProgress, 4> progress(chain.size());
+  run_around(op, ks, stack, chain.size(),
+                        [&](size_t k) { return std::pair{chain[k], &progress[k]}; });
 }
 
 }  // namespace reloadsafe::trace
