@@ -216,8 +216,8 @@ BenchMainOptions register_benchmarks() {
         ->Unit(benchmark::kMillisecond);
     const std::string paired = "BM_HarnessPaired/" + name + "/";
     options.targets.push_back({Target::Kind::kCounterAtMost,
-                               "harness run, traced / 20 x own work (" + name + ")", paired, "",
-                               0, 3.0, "traced_over_own_work"});
+                               "harness run, traced / 20 x own work (" + name + ")", paired, "", 0,
+                               3.0, "traced_over_own_work"});
     options.targets.push_back({Target::Kind::kCounterAtMost,
                                "tracing overhead: harness run traced / untraced (" + name + ")",
                                paired, "", 0, 1.3, "traced_over_untraced"});

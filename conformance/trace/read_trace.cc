@@ -843,8 +843,9 @@ void ReadTrace::dispatch(ReadTrace* innermost, const c10::OperatorHandle& op,
   // Every trace active on this thread records the call, innermost first.
   const c10::SmallVector<ReadTrace*, 4> chain = active_chain(innermost);
   c10::SmallVector<CallInProgress, 4> progress(chain.size());
-  run_around(op, ks, stack, chain.size(),
-                        [&](size_t k) { return std::pair{chain[k], &progress[k]}; });
+  run_around(op, ks, stack, chain.size(), [&](size_t k) {
+    return std::pair{chain[k], &progress[k]};
+  });
 }
 
 }  // namespace reloadsafe::trace
