@@ -120,7 +120,7 @@ double process_cpu_seconds() {
 // run seconds apart, and on a shared 2-vCPU machine what the neighbours do
 // in between moves the ratio by more than the target's margin: one process
 // measured 0.99 for one sample and 1.69 for another whose instruction counts
-// (callgrind) give 1.15 and 1.30. BM_HarnessPaired runs the three in turn
+// (callgrind) give 1.14 and 1.30. BM_HarnessPaired runs the three in turn
 // within each iteration, the order rotating from one iteration to the next,
 // and times each on its own: both sides of a ratio share every stretch of
 // the machine's load, and its counters are the ratios of the summed times.
