@@ -4,6 +4,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
 
 #include <atomic>
 #include <cstring>
@@ -25,6 +26,11 @@ struct FreedBlock {
   size_t n;
   c10::DeleterFnPtr deleter;
 };
+
+// Blocks to free once the allocator's mutex is released: usually the one a
+// deleter was called for, so kept inline (a heap vector per freed tensor was
+// most of what the census's deleter cost).
+using BlocksToFree = c10::SmallVector<FreedBlock, 4>;
 
 // The reuse cache's contents, oldest first; guarded by the allocator's mutex.
 struct ReuseState {
@@ -111,9 +117,9 @@ class CountingCpuAllocator final : public c10::Allocator {
   }
   // Ends the quarantine; returns the blocks to free (those the reuse cache
   // did not take).
-  std::vector<FreedBlock> close_quarantine() {
+  BlocksToFree close_quarantine() {
     std::lock_guard<std::mutex> lock(mutex_);
-    std::vector<FreedBlock> to_free;
+    BlocksToFree to_free;
     if (quarantine_ != nullptr) {
       for (const FreedBlock& b : quarantine_->blocks) retire(b, to_free);
     }
@@ -182,7 +188,7 @@ class CountingCpuAllocator final : public c10::Allocator {
   // quarantine): into the reuse cache if there is one and it fits, else onto
   // `to_free`, with whatever the cache evicts to stay within its limit.
   // Needs mutex_.
-  void retire(const FreedBlock& b, std::vector<FreedBlock>& to_free) {
+  void retire(const FreedBlock& b, BlocksToFree& to_free) {
     ReuseState* c = reuse_.get();
     if (c == nullptr || b.n < ReuseCache::kMinBlockBytes || b.n > c->max_bytes) {
       to_free.push_back(b);
@@ -217,7 +223,7 @@ class CountingCpuAllocator final : public c10::Allocator {
   // invariants in the header.
   static void release(void* data) {
     CountingCpuAllocator& self = instance();
-    std::vector<FreedBlock> to_free;
+    BlocksToFree to_free;
     {
       std::lock_guard<std::mutex> lock(self.mutex_);
       auto it = self.live_.find(data);
