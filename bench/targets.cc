@@ -180,69 +180,80 @@ void append_time_ratios(const Target& t, const std::map<std::string, Measurement
   }
 }
 
+// kTimeAtMost: each candidate's time.
+void append_times(const Target& t, const std::map<std::string, Measurement>& measured,
+                  std::vector<TargetResult>* results) {
+  for (const auto& [name, m] : measured) {
+    if (!starts_with(name, t.candidates)) continue;
+    results->push_back(
+        {t.description, 0, m.time_ns, t.bound, true, m.time_ns <= t.bound, name, true});
+  }
+}
+
+// kBestAtLeast and kEachAtLeast: the limit of each size (the fastest of the
+// alternatives), then the candidates of each size against it.
+void append_throughput_ratios(const Target& t, const std::map<std::string, Measurement>& measured,
+                              std::vector<TargetResult>* results) {
+  const std::vector<std::string> limits = limit_prefixes(t.limit);
+  std::map<int64_t, double> limit;
+  for (const auto& [name, m] : measured) {
+    auto bytes = bytes_of(name);
+    if (!bytes || m.bytes_per_second <= 0) continue;
+    for (const std::string& prefix : limits) {
+      if (starts_with(name, prefix)) limit[*bytes] = std::max(limit[*bytes], m.bytes_per_second);
+    }
+  }
+  std::map<int64_t, std::vector<std::pair<std::string, double>>> by_size;
+  for (const auto& [name, m] : measured) {
+    auto bytes = bytes_of(name);
+    if (!bytes || *bytes < t.min_bytes || !starts_with(name, t.candidates)) continue;
+    if (limit.count(*bytes) == 0) continue;
+    by_size[*bytes].emplace_back(name, m.bytes_per_second);
+  }
+  for (const auto& [bytes, candidates] : by_size) {
+    if (t.kind == Target::Kind::kBestAtLeast) {
+      auto best = candidates.front();
+      for (const auto& c : candidates) {
+        if (c.second > best.second) best = c;
+      }
+      const double ratio = best.second / limit[bytes];
+      results->push_back(
+          {t.description, bytes, ratio, t.bound, false, ratio >= t.bound, best.first});
+    } else {
+      for (const auto& [name, bps] : candidates) {
+        const double ratio = bps / limit[bytes];
+        results->push_back({t.description, bytes, ratio, t.bound, false, ratio >= t.bound, name});
+      }
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<TargetResult> evaluate_targets(const std::vector<Target>& targets,
                                            const std::map<std::string, Measurement>& measured) {
   std::vector<TargetResult> results;
   for (const Target& t : targets) {
-    if (t.kind == Target::Kind::kTimeAtMost) {
-      for (const auto& [name, m] : measured) {
-        if (!starts_with(name, t.candidates)) continue;
-        results.push_back(
-            {t.description, 0, m.time_ns, t.bound, true, m.time_ns <= t.bound, name, true});
-      }
-      continue;
-    }
-    if (t.kind == Target::Kind::kTimeRatioAtMost) {
-      append_time_ratios(t, measured, &results);
-      continue;
-    }
-    if (t.kind == Target::Kind::kMedianTimeRatioAtMost) {
-      append_median_time_ratio(t, measured, &results);
-      continue;
-    }
-    if (t.kind == Target::Kind::kCounterAtMost) {
-      append_counters(t, measured, &results);
-      continue;
-    }
-    if (t.kind == Target::Kind::kMedianCounterAtMost) {
-      append_median_counter(t, measured, &results);
-      continue;
-    }
-    // The limit of each size (the fastest of the alternatives), then the
-    // candidates of each size.
-    const std::vector<std::string> limits = limit_prefixes(t.limit);
-    std::map<int64_t, double> limit;
-    for (const auto& [name, m] : measured) {
-      auto bytes = bytes_of(name);
-      if (!bytes || m.bytes_per_second <= 0) continue;
-      for (const std::string& prefix : limits) {
-        if (starts_with(name, prefix)) limit[*bytes] = std::max(limit[*bytes], m.bytes_per_second);
-      }
-    }
-    std::map<int64_t, std::vector<std::pair<std::string, double>>> by_size;
-    for (const auto& [name, m] : measured) {
-      auto bytes = bytes_of(name);
-      if (!bytes || *bytes < t.min_bytes || !starts_with(name, t.candidates)) continue;
-      if (limit.count(*bytes) == 0) continue;
-      by_size[*bytes].emplace_back(name, m.bytes_per_second);
-    }
-    for (const auto& [bytes, candidates] : by_size) {
-      if (t.kind == Target::Kind::kBestAtLeast) {
-        auto best = candidates.front();
-        for (const auto& c : candidates) {
-          if (c.second > best.second) best = c;
-        }
-        const double ratio = best.second / limit[bytes];
-        results.push_back(
-            {t.description, bytes, ratio, t.bound, false, ratio >= t.bound, best.first});
-      } else {
-        for (const auto& [name, bps] : candidates) {
-          const double ratio = bps / limit[bytes];
-          results.push_back({t.description, bytes, ratio, t.bound, false, ratio >= t.bound, name});
-        }
-      }
+    switch (t.kind) {
+      case Target::Kind::kBestAtLeast:
+      case Target::Kind::kEachAtLeast:
+        append_throughput_ratios(t, measured, &results);
+        break;
+      case Target::Kind::kTimeAtMost:
+        append_times(t, measured, &results);
+        break;
+      case Target::Kind::kTimeRatioAtMost:
+        append_time_ratios(t, measured, &results);
+        break;
+      case Target::Kind::kMedianTimeRatioAtMost:
+        append_median_time_ratio(t, measured, &results);
+        break;
+      case Target::Kind::kCounterAtMost:
+        append_counters(t, measured, &results);
+        break;
+      case Target::Kind::kMedianCounterAtMost:
+        append_median_counter(t, measured, &results);
+        break;
     }
   }
   return results;
