@@ -64,9 +64,9 @@ struct Target {
     /// the same subject (the fastest, for several), and one row judges the
     /// median of the pairs' ratios
     kMedianTimeRatioAtMost,
-    /// every candidate: its counter `counter` (a ratio the benchmark measured
-    /// itself, Note [Paired ratios] in harness_bench.cc) <= bound; `limit`
-    /// is unused
+    /// every candidate: its counter `counter` (such as a ratio the benchmark
+    /// measured itself: Note [Paired ratios] in harness_bench.cc) <= bound;
+    /// `limit` is unused
     kCounterAtMost,
     /// the median over candidates of their counter `counter` <= bound;
     /// `candidates` is a pattern with one `*` (as for

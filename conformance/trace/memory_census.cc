@@ -27,9 +27,9 @@ struct FreedBlock {
   c10::DeleterFnPtr deleter;
 };
 
-// Blocks to free once the allocator's mutex is released: usually the one a
-// deleter was called for, so kept inline (a heap vector per freed tensor was
-// most of what the census's deleter cost).
+// Blocks to free once the allocator's mutex is released: usually only the
+// one a deleter was called for, so kept inline (a heap vector cost every
+// freed tensor a malloc and a free of its own).
 using BlocksToFree = c10::SmallVector<FreedBlock, 4>;
 
 // The reuse cache's contents, oldest first; guarded by the allocator's mutex.
