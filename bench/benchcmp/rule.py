@@ -92,8 +92,9 @@ def is_limit(name: str, references: Iterable[Reference]) -> bool:
 # n by chance once in C(m + n, m): once in 2 for one run each, once in 21 for
 # 2 runs against a 5-run baseline (the main job's --quick), which over the
 # ~240 benchmarks of the main job often flags an untouched one on a shared
-# machine (it did in both --quick runs of one session). With 3 runs a side it is once in 20 (3 against 3) to once in
-# 56 (3 against 5), and the median threshold cuts it further. So a side with
+# machine (it did in both --quick runs of one session). With 3 runs a side it
+# is once in 20 (3 against 3) to once in 56 (3 against 5), and the median
+# threshold cuts it further. So a side with
 # fewer than MIN_RUNS_TO_GATE runs makes the verdict "few runs": reported,
 # never a failure.
 MIN_RUNS_TO_GATE = 3

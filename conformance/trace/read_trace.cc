@@ -16,6 +16,7 @@
 #include "conformance/trace/op_arguments.h"
 
 #include <ATen/core/stack.h>
+#include <c10/macros/Macros.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
@@ -798,18 +799,18 @@ void ReadTrace::observed_end(ObservedCall& call, c10::ArrayRef<c10::IValue> retu
 // that trace's begin_call and end_call around the op with one progress
 // record on the stack. Only when traces nest does it gather the active ones
 // into a chain (innermost first) and run each of them around the op; the
-// two paths share run_around.
-template <typename Each>
-void ReadTrace::run_around(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
-                           torch::jit::Stack* stack, size_t count, Each&& each) {
+// two paths share run_around, inlined into each so that the one-trace path
+// loops over a count it knows is 1.
+C10_ALWAYS_INLINE void ReadTrace::run_around(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
+                                             torch::jit::Stack* stack, ReadTrace* const* traces,
+                                             CallInProgress* progress, size_t count) {
   const c10::FunctionSchema& schema = op.schema();
   bool nested = false;
   {
     OwnWork own;
     for (size_t k = 0; k < count; ++k) {
-      auto [trace, progress] = each(k);
-      trace->begin_call(op, schema, *stack, *progress);
-      nested = nested || trace->records_nested();
+      traces[k]->begin_call(op, schema, *stack, progress[k]);
+      nested = nested || traces[k]->records_nested();
     }
   }
   try {
@@ -822,14 +823,11 @@ void ReadTrace::run_around(const c10::OperatorHandle& op, c10::DispatchKeySet ks
       op.redispatchBoxed(ks.remove(kTraceKey), stack);
     }
   } catch (...) {
-    for (size_t k = 0; k < count; ++k) --each(k).first->depth_;
+    for (size_t k = 0; k < count; ++k) --traces[k]->depth_;
     throw;
   }
   OwnWork own;
-  for (size_t k = 0; k < count; ++k) {
-    auto [trace, progress] = each(k);
-    trace->end_call(op, schema, *stack, *progress);
-  }
+  for (size_t k = 0; k < count; ++k) traces[k]->end_call(op, schema, *stack, progress[k]);
 }
 
 void ReadTrace::dispatch(ReadTrace* innermost, const c10::OperatorHandle& op,
@@ -837,15 +835,13 @@ void ReadTrace::dispatch(ReadTrace* innermost, const c10::OperatorHandle& op,
   // See Note [One trace or a chain].
   if (innermost->active_ && innermost->previous_ == nullptr) {
     CallInProgress progress;
-    run_around(op, ks, stack, 1, [&](size_t) { return std::pair{innermost, &progress}; });
+    run_around(op, ks, stack, &innermost, &progress, 1);
     return;
   }
   // Every trace active on this thread records the call, innermost first.
   const c10::SmallVector<ReadTrace*, 4> chain = active_chain(innermost);
   c10::SmallVector<CallInProgress, 4> progress(chain.size());
-  run_around(op, ks, stack, chain.size(), [&](size_t k) {
-    return std::pair{chain[k], &progress[k]};
-  });
+  run_around(op, ks, stack, chain.data(), progress.data(), chain.size());
 }
 
 }  // namespace reloadsafe::trace

@@ -301,11 +301,11 @@ class ReadTrace {
   // The traces active on this thread, `innermost` first.
   static c10::SmallVector<ReadTrace*, 4> active_chain(ReadTrace* innermost);
   // Runs the op of `stack` below the trace key, with begin_call and end_call
-  // of `count` traces around it; each(k) gives the k-th trace and its
-  // CallInProgress (Note [One trace or a chain] in read_trace.cc).
-  template <typename Each>
+  // of traces[k] (recording into progress[k]) around it, k < count (Note
+  // [One trace or a chain] in read_trace.cc).
   static void run_around(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
-                         torch::jit::Stack* stack, size_t count, Each&& each);
+                         torch::jit::Stack* stack, ReadTrace* const* traces,
+                         CallInProgress* progress, size_t count);
   // `args`: the op's arguments (the last ones are used, or none if fewer
   // than the schema has); `returns` likewise its results. `schema`:
   // op.schema(). Called with the trace key excluded and the observer told
