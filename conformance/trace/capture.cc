@@ -130,6 +130,12 @@ CapturedForward::CapturedForward(const std::function<at::Tensor()>& forward) {
     throw;
   }
   trace_->stop();
+  for (const OpCall& op : trace_->ops()) {
+    if (is_random(op.name)) {
+      random_op_ = op.name;
+      break;
+    }
+  }
 }
 
 std::vector<CapturedRead> CapturedForward::reads(const TensorNames& names, bool details) const {
@@ -205,11 +211,9 @@ std::vector<ReadChange> CapturedForward::compare(const ReadTrace& retrace, const
 }
 
 std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
-  for (const auto& op : trace_->ops()) {
-    if (is_random(op.name)) {
-      *why = std::string(op.name) + " draws random numbers: a replay cannot match a fresh forward";
-      return std::nullopt;
-    }
+  if (!random_op_.empty()) {
+    *why = std::string(random_op_) + " draws random numbers: a replay cannot match a fresh forward";
+    return std::nullopt;
   }
   // Result objects of the capture -> what the replay computed in their place.
   std::unordered_map<const c10::TensorImpl*, at::Tensor> made;

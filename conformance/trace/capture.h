@@ -38,6 +38,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -172,6 +173,9 @@ class CapturedForward {
  private:
   std::unique_ptr<ReadTrace> trace_;
   at::Tensor output_;
+  /// The first captured op that draws random numbers (empty if none): found
+  /// once at capture, since it rules out every replay.
+  std::string_view random_op_;
 };
 
 }  // namespace reloadsafe::trace
