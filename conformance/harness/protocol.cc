@@ -150,26 +150,33 @@ void count_reads(const Capture& c, ModeReport& report) {
               "the trace");
 }
 
-// The cold load and warm-up every capture starts from; returns the input.
-at::Tensor cold_load_and_warm_up(ReloadSubject& subject, const RunOptions& options) {
+// The forward's input of a run, on the run's device.
+at::Tensor draw_run_input(ReloadSubject& subject, const RunOptions& options) {
+  return subject.draw_input(options.seed + kInputSeedOffset).to(options.device);
+}
+
+// The cold load and warm-up every capture starts from, the forward run on `x`.
+void cold_load_and_warm_up(ReloadSubject& subject, const RunOptions& options, const at::Tensor& x) {
   subject.cold_load(subject.draw_checkpoint(options.seed));
-  const at::Tensor x = subject.draw_input(options.seed + kInputSeedOffset).to(options.device);
   // Engines run the forward before they capture; state it makes and keeps
   // (a workspace, a first-forward repack) belongs to the capture.
   subject.forward(x);
-  return x;
 }
 
 // One mode of the protocol, as its steps: start (cold load, warm-up,
 // baseline, capture), one check per reload, then memory.
 class ModeRun {
  public:
+  // `input`: the run's input (draw_run_input), drawn by the first mode to
+  // start and never handed to the subject: each mode hands the forward a
+  // copy and keeps this one to tell whether the forward wrote its input.
   ModeRun(ReloadSubject& subject, const SubjectInfo& info, ReloadMode mode,
-          const RunOptions& options, ColdLoadOutputs& cold_loads)
+          const RunOptions& options, ColdLoadOutputs& cold_loads, at::Tensor& input)
       : subject_(subject),
         options_(options),
         cold_loads_(cold_loads),
         mode_(mode),
+        input_(input),
         sink_(report_, options.max_listed),
         memory_tolerance_(info.memory_tolerance_bytes) {
     report_.mode = mode;
@@ -202,8 +209,10 @@ class ModeRun {
 
  private:
   void start() {
-    x_ = cold_load_and_warm_up(subject_, options_);
-    x_copy_ = x_.clone();
+    if (!input_.defined()) input_ = draw_run_input(subject_, options_);
+    x_copy_ = input_;
+    x_ = x_copy_.clone();
+    cold_load_and_warm_up(subject_, options_, x_);
     const auto bytes = at::TensorOptions().dtype(at::kByte);
     canary_ = at::full({kCanaryBytes}, kCanaryByte, bytes.device(options_.device));
     canary_bytes_ = at::full({kCanaryBytes}, kCanaryByte, bytes);
@@ -326,12 +335,15 @@ class ModeRun {
   const RunOptions& options_;
   ColdLoadOutputs& cold_loads_;
   const ReloadMode mode_;
+  at::Tensor& input_;
+  // The forward's input, and the pristine copy it must still equal.
+  at::Tensor x_, x_copy_;
   ModeReport report_;
   ViolationSink sink_;
   const int64_t memory_tolerance_;
   std::optional<trace::CpuCensusScope> census_;
   std::optional<trace::Quarantine> quarantine_;
-  at::Tensor x_, x_copy_, canary_, canary_bytes_;
+  at::Tensor canary_, canary_bytes_;
   Locations declared_;
   Capture capture_;
   bool replayed_once_ = false;  // a replay of the capture ran and returned an output
@@ -368,14 +380,16 @@ BackendReport run_subject(ReloadSubject& subject, const RunOptions& options) {
   std::optional<trace::ReuseCache> reuse;
   if (options.device.is_cpu()) reuse.emplace();
   ColdLoadOutputs cold_loads(/*keep=*/options.device.is_cpu());
+  at::Tensor input;
   for (ReloadMode mode : {ReloadMode::kNormal, ReloadMode::kDirect}) {
-    report.modes.push_back(ModeRun(subject, info, mode, options, cold_loads).run());
+    report.modes.push_back(ModeRun(subject, info, mode, options, cold_loads, input).run());
   }
   return report;
 }
 
 std::vector<CapturedRead> captured_reads(ReloadSubject& subject, const RunOptions& options) {
-  const at::Tensor x = cold_load_and_warm_up(subject, options);
+  const at::Tensor x = draw_run_input(subject, options);
+  cold_load_and_warm_up(subject, options, x);
   const Capture c = capture(subject, x);
   std::vector<CapturedRead> reads = c.forward->reads(*c.names);
   subject.release();

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 namespace reloadsafe::harness {
 namespace {
@@ -28,6 +29,7 @@ class CountingSubject : public ReloadSubject {
   }
   void cold_load(const Checkpoint& ckpt) override {
     w_ = ckpt.at("w").clone();
+    first_forward_ = true;
     if (cold_output_buffer) out_buf_ = at::empty({4, 8});
   }
   void reload(ReloadMode mode, const Checkpoint& ckpt) override {
@@ -39,7 +41,10 @@ class CountingSubject : public ReloadSubject {
     if (wrong_in_direct && mode == ReloadMode::kDirect) w_.add_(1.0);
   }
   at::Tensor forward(const at::Tensor& x) override {
+    if (first_forward_) first_inputs.push_back(x.clone());
+    first_forward_ = false;
     at::Tensor y = at::mm(x, w_.t());
+    if (write_input) x.add_(1.0);
     return scale_from_checkpoint ? at::mul(y, scale_of(w_)) : y;
   }
   at::Tensor cold_forward(const Checkpoint& ckpt, const at::Tensor& x) override {
@@ -55,6 +60,7 @@ class CountingSubject : public ReloadSubject {
   static double scale_of(const at::Tensor& w) { return 1.0 + w.abs().max().item<double>(); }
   std::vector<NamedTensor> named_tensors() override { return {{"w", w_, true}}; }
   at::Tensor draw_input(uint64_t seed) override {
+    ++input_draws;
     at::Generator gen = at::detail::createCPUGenerator(seed);
     return at::randn({4, 16}, gen);
   }
@@ -64,12 +70,16 @@ class CountingSubject : public ReloadSubject {
   bool wrong_in_direct = false;
   bool scale_from_checkpoint = false;
   bool cold_output_buffer = false;
-  int rebuild_at = 0;  ///< the reload (counted over both modes) that rebuilds w
+  bool write_input = false;  ///< the forward adds 1 to its input in place
+  int rebuild_at = 0;        ///< the reload (counted over both modes) that rebuilds w
   int reloads_seen = 0;
   int draws = 0;
+  int input_draws = 0;
   int cold_forwards = 0;
+  std::vector<at::Tensor> first_inputs;  ///< the input of each cold load's first forward
 
  private:
+  bool first_forward_ = false;
   at::Tensor w_;
   at::Tensor out_buf_;
 };
@@ -93,6 +103,31 @@ TEST(Protocol, TheSecondModeReusesTheFirstModesColdLoadsOfTheSameCheckpoints) {
       // The kept outputs are the protocol's: no growth is counted for them.
       EXPECT_EQ(m.memory_bytes[1], m.memory_bytes.back()) << to_string(m.mode);
     }
+  }
+}
+
+TEST(Protocol, AForwardThatWritesItsInputIsFlaggedInEachModeAndEachModeStartsFromTheDraw) {
+  for (bool trace : {true, false}) {
+    SCOPED_TRACE(trace ? "traced" : "untraced");
+    CountingSubject subject;
+    subject.write_input = true;
+    RunOptions o = options(3, trace);
+    o.max_listed = 1000;
+    const BackendReport report = run_subject(subject, o);
+    ASSERT_EQ(report.modes.size(), 2u);
+    for (const ModeReport& m : report.modes) {
+      std::vector<int> written;
+      for (const Violation& v : m.violations) {
+        if (v.tensor == "input") written.push_back(v.reload);
+      }
+      EXPECT_EQ(written, (std::vector<int>{1, 2, 3})) << to_table({report});
+    }
+    // Drawn once per run; the direct mode's forward is handed the drawn
+    // values, not what the normal mode's forwards left in its copy.
+    EXPECT_EQ(subject.input_draws, 1);
+    ASSERT_EQ(subject.first_inputs.size(), 2u);
+    EXPECT_TRUE(at::equal(subject.first_inputs[0], subject.draw_input(o.seed + kInputSeedOffset)));
+    EXPECT_TRUE(at::equal(subject.first_inputs[1], subject.first_inputs[0]));
   }
 }
 
