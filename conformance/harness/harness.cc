@@ -10,6 +10,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <optional>
+#include <utility>
 
 namespace reloadsafe::harness {
 namespace {
@@ -43,16 +44,21 @@ void load(Layer& layer, const Checkpoint& ckpt) {
 }  // namespace
 
 ReloadSession::ReloadSession(const Backend& backend, const c10::Device& device, uint64_t seed)
-    : ReloadSession(backend, device, std::nullopt, seed) {}
+    : ReloadSession(backend, device, nullptr, std::nullopt, seed) {}
 
 ReloadSession::ReloadSession(const Backend& backend, const c10::Device& device,
                              const Checkpoint& ckpt)
-    : ReloadSession(backend, device, ckpt, 0) {}
+    : ReloadSession(backend, device, nullptr, ckpt, 0) {}
 
 ReloadSession::ReloadSession(const Backend& backend, const c10::Device& device,
-                             const std::optional<Checkpoint>& ckpt, uint64_t seed)
+                             std::shared_ptr<Layer> fresh, const Checkpoint& ckpt)
+    : ReloadSession(backend, device, std::move(fresh), ckpt, 0) {}
+
+ReloadSession::ReloadSession(const Backend& backend, const c10::Device& device,
+                             std::shared_ptr<Layer> fresh, const std::optional<Checkpoint>& ckpt,
+                             uint64_t seed)
     : backend_(backend), device_(device) {
-  layer_ = backend_.create_layer(device_);
+  layer_ = fresh != nullptr ? std::move(fresh) : backend_.create_layer(device_);
   layouts_ = checkpoint_layouts(*layer_);
   TORCH_CHECK(!layouts_.empty(), "backend '", backend_.name(),
               "' created no checkpoint parameter (use make_checkpoint_param or set _ckpt)");
@@ -134,8 +140,8 @@ Checkpoint BackendSubject::draw_checkpoint(uint64_t seed) {
   if (!pools_) {
     // The layouts of a freshly created layer; the pools are fixed by them, so
     // every mode's session would draw the same ones.
-    auto layer = backend_.create_layer(device_);
-    const Checkpoint layouts = checkpoint_layouts(*layer);
+    fresh_layer_ = backend_.create_layer(device_);
+    const Checkpoint layouts = checkpoint_layouts(*fresh_layer_);
     TORCH_CHECK(!layouts.empty(), "backend '", backend_.name(),
                 "' created no checkpoint parameter (use make_checkpoint_param or set _ckpt)");
     pools_ = checkpoint_pools(layouts);
@@ -149,7 +155,7 @@ at::Tensor BackendSubject::draw_input(uint64_t seed) {
 }
 
 void BackendSubject::cold_load(const Checkpoint& ckpt) {
-  session_ = std::make_unique<ReloadSession>(backend_, device_, ckpt);
+  session_ = std::make_unique<ReloadSession>(backend_, device_, std::move(fresh_layer_), ckpt);
 }
 
 void BackendSubject::reload(ReloadMode /*mode*/, const Checkpoint& ckpt) {

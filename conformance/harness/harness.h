@@ -36,6 +36,10 @@ class ReloadSession {
   ReloadSession(const Backend& backend, const c10::Device& device, uint64_t seed);
   /// The same with a given checkpoint.
   ReloadSession(const Backend& backend, const c10::Device& device, const Checkpoint& ckpt);
+  /// The same into `fresh`, a layer `backend` created on `device` that
+  /// nothing has loaded or post-processed yet.
+  ReloadSession(const Backend& backend, const c10::Device& device, std::shared_ptr<Layer> fresh,
+                const Checkpoint& ckpt);
 
   Layer& layer() { return *layer_; }
 
@@ -65,7 +69,7 @@ class ReloadSession {
   at::Tensor cold_forward(const Checkpoint& ckpt, const at::Tensor& x) const;
 
  private:
-  ReloadSession(const Backend& backend, const c10::Device& device,
+  ReloadSession(const Backend& backend, const c10::Device& device, std::shared_ptr<Layer> fresh,
                 const std::optional<Checkpoint>& ckpt, uint64_t seed);
   // The checkpoint pools (Note [Checkpoints from a pool]), drawn on first use.
   const Checkpoint& pools() const;
@@ -89,7 +93,10 @@ class BackendSubject : public ReloadSubject {
   at::Tensor forward(const at::Tensor& x) override;
   at::Tensor cold_forward(const Checkpoint& ckpt, const at::Tensor& x) override;
   std::vector<NamedTensor> named_tensors() override;
-  void release() override { session_.reset(); }
+  void release() override {
+    session_.reset();
+    fresh_layer_.reset();
+  }
 
  private:
   ReloadSession& session();
@@ -98,6 +105,9 @@ class BackendSubject : public ReloadSubject {
   std::unique_ptr<ReloadSession> session_;
   // Every checkpoint's pools (Note [Checkpoints from a pool]), drawn once.
   std::optional<Checkpoint> pools_;
+  // The layer created to read the pools' layouts, untouched: the next cold
+  // load takes it rather than creating one more.
+  std::shared_ptr<Layer> fresh_layer_;
 };
 
 /// Runs the protocol for `backend` in both modes.

@@ -264,6 +264,31 @@ TEST(ReloadHarness, AForwardThatReadsNoWeightIsReportedAsSuch) {
   EXPECT_FALSE(report.ok());
 }
 
+// A correct backend that counts the layers the harness asks it for.
+class CountsLayers : public BadBackend {
+ public:
+  std::string name() const override { return "counts_layers"; }
+  std::string description() const override { return "y = x @ weight^T, counting layers"; }
+  std::shared_ptr<Layer> create_layer(const c10::Device& device) const override {
+    ++layers;
+    return BadBackend::create_layer(device);
+  }
+  at::Tensor forward(const Layer& l, const at::Tensor& x) const override {
+    return at::mm(x, l.get("weight").t());
+  }
+  mutable int layers = 0;
+};
+
+TEST(ReloadHarness, ARunCreatesALayerPerColdLoadAndPerCheckpointAndNoMore) {
+  // The layer made to read the checkpoint layouts is the first cold load's;
+  // the second mode's cold load and each checkpoint's cold forward make
+  // their own.
+  CountsLayers backend;
+  const BackendReport report = run_backend(backend, quick());
+  EXPECT_TRUE(report.ok()) << to_table({report});
+  EXPECT_EQ(backend.layers, 2 + quick().reloads);
+}
+
 class TolerantLeak : public Backend {
  public:
   explicit TolerantLeak(std::unique_ptr<Backend> leak) : leak_(std::move(leak)) {}
