@@ -23,8 +23,8 @@
 //        of a fresh cold load of the same checkpoint (a stale read shows as
 //        wrong output, as on a GPU);
 //      - the live forward equals that fresh forward;
-//      - checkpoint tensors, the input and a canary are byte-for-byte
-//        unchanged;
+//      - checkpoint tensors and a canary are byte-for-byte unchanged, and
+//        the input still holds the values it was drawn with;
 //   4. the bytes held in live tensor storages do not grow after the first
 //      reload (beyond the subject's tolerance).
 //
@@ -33,8 +33,9 @@
 // the subject did not declare but that stay put are warnings.
 //
 // Seeds: the first checkpoint is drawn from RunOptions::seed, the input from
-// seed + kInputSeedOffset, reload r's checkpoint from seed + r *
-// kReloadSeedStride: both modes reload the same checkpoints.
+// seed + kInputSeedOffset (once per run: each mode's forward is handed a
+// copy), reload r's checkpoint from seed + r * kReloadSeedStride: both modes
+// reload the same checkpoints.
 #pragma once
 
 #include "conformance/harness/report.h"
