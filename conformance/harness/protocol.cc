@@ -210,8 +210,7 @@ class ModeRun {
  private:
   void start() {
     if (!input_.defined()) input_ = draw_run_input(subject_, options_);
-    x_copy_ = input_;
-    x_ = x_copy_.clone();
+    x_ = input_.clone();
     cold_load_and_warm_up(subject_, options_, x_);
     const auto bytes = at::TensorOptions().dtype(at::kByte);
     canary_ = at::full({kCanaryBytes}, kCanaryByte, bytes.device(options_.device));
@@ -245,7 +244,7 @@ class ModeRun {
       // The loaders and post-processing must not write into the checkpoint.
       if (!pristine.at(n).unchanged(t)) sink_.add(r, "checkpoint:" + n, "bytes changed", "", "");
     }
-    if (!same_bytes(x_, x_copy_)) sink_.add(r, "input", "bytes changed", "", "");
+    if (!same_bytes(x_, input_)) sink_.add(r, "input", "bytes changed", "", "");
     if (!same_bytes(canary_, canary_bytes_)) sink_.add(r, "canary", "bytes changed", "", "");
     check_forward(r, ckpt);
   }
@@ -335,9 +334,8 @@ class ModeRun {
   const RunOptions& options_;
   ColdLoadOutputs& cold_loads_;
   const ReloadMode mode_;
-  at::Tensor& input_;
-  // The forward's input, and the pristine copy it must still equal.
-  at::Tensor x_, x_copy_;
+  at::Tensor& input_;  // the run's input as drawn, which x_ must still equal
+  at::Tensor x_;       // the copy of input_ the forward is handed
   ModeReport report_;
   ViolationSink sink_;
   const int64_t memory_tolerance_;
