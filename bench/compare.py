@@ -32,8 +32,8 @@ and model numbers) as a slug, plus the GPU model where there is one
 Only a baseline of the same machine gates. A baseline of the same kind but
 another CPU or GPU model is compared for information (verdict "differs", never
 a failure), with the command that records one for this machine.
---record-missing records this machine's baseline when it has none (the main
-job does this) instead of comparing with nothing.
+--record-missing records this machine's baseline when it has none, beside
+other machines' or alone (the main job does this), from 3 runs or more.
 
 The rule (time per iteration, per benchmark, over the repetitions):
   SLOWER  median > baseline median * (1 + threshold)  AND  min > baseline max

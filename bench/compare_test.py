@@ -303,6 +303,48 @@ class MachineBaselineTest(MainCase):
         rc, out = self.run_main("--record-missing", slow)
         self.assertEqual(rc, 1, out)
 
+    def test_record_missing_beside_another_machines_baseline(self):
+        self.run_main("--update-baseline", self.write("amd.json", results(
+            {"BM_A/real_time": [1, 1, 1]}, cpu="AMD EPYC")))
+        # This machine has none of its own: the run is shown against the other
+        # machine's (information) and recorded as this machine's.
+        data = self.write("x.json", results({"BM_A/real_time": [3, 3, 3]}, cpu="Intel Xeon"))
+        rc, out = self.run_main("--record-missing", data)
+        self.assertEqual(rc, 0, out)
+        self.assertIn("differs", out)
+        self.assertNotIn("--update-baseline", out)  # nothing left to do by hand
+        self.assertTrue(os.path.exists(
+            os.path.join(self.baselines, "testkind", "intel-xeon", "fake_bench.json")))
+        with open(os.path.join(self.dir, "fake_bench.verdict.json")) as f:
+            v = json.load(f)
+        self.assertEqual(v["mode"], "other-machine baseline")
+        self.assertIn("recorded", v)
+        # From then on this machine's own baseline gates.
+        slow = self.write("y.json", results({"BM_A/real_time": [9, 9, 9]}, cpu="Intel Xeon"))
+        rc, out = self.run_main("--record-missing", slow)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("SLOWER", out)
+
+    def test_record_missing_needs_enough_runs_to_gate(self):
+        cases = [([1, 1], False), ([1, 1, 1], True)]
+        for times, recorded in cases:
+            with self.subTest(runs=len(times)):
+                cpu = f"Cpu {len(times)}"
+                rc, out = self.run_main("--record-missing", self.write(
+                    "x.json", results({"BM_A/real_time": times}, cpu=cpu)))
+                self.assertEqual(rc, 0, out)
+                path = os.path.join(self.baselines, "testkind", f"cpu-{len(times)}",
+                                    "fake_bench.json")
+                self.assertEqual(os.path.exists(path), recorded, out)
+                if not recorded:
+                    self.assertIn("not recording a baseline from 2 run(s)", out)
+        # An explicit --update-baseline records whatever it is given.
+        rc, out = self.run_main("--update-baseline", self.write(
+            "z.json", results({"BM_A/real_time": [1, 1]}, cpu="Cpu 2")))
+        self.assertEqual(rc, 0, out)
+        self.assertTrue(os.path.exists(
+            os.path.join(self.baselines, "testkind", "cpu-2", "fake_bench.json")))
+
 
 class InterleaveTest(unittest.TestCase):
     def test_abba(self):

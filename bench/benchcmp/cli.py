@@ -15,6 +15,7 @@ from .charts import import_pyplot
 from .judge import process
 from .options import Options
 from .paths import DEFAULT_BASELINES, TOP
+from .rule import MIN_RUNS_TO_GATE
 
 
 def build_parser(description: str | None) -> argparse.ArgumentParser:
@@ -44,7 +45,8 @@ def build_parser(description: str | None) -> argparse.ArgumentParser:
                    help="record the results as this machine's baseline (with --filter: "
                    "replace only the benchmarks that ran)")
     p.add_argument("--record-missing", action="store_true",
-                   help="record this machine's baseline if it has none, instead of comparing")
+                   help="record this machine's baseline if it has none (even where other machines of "
+                   f"its kind have one), from {MIN_RUNS_TO_GATE} or more runs")
     p.add_argument("--force", action="store_true",
                    help="with --update-baseline: record even an unoptimised build")
     p.add_argument("--baselines", default=DEFAULT_BASELINES, help=argparse.SUPPRESS)

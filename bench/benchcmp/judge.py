@@ -24,7 +24,14 @@ from .names import family_of, matches_filter
 from .options import Options
 from .paths import from_top
 from .results import Context, Stats, binary_name_of, load_results
-from .rule import Row, compare, gating_verdicts, parse_informational, parse_references
+from .rule import (
+    MIN_RUNS_TO_GATE,
+    Row,
+    compare,
+    gating_verdicts,
+    parse_informational,
+    parse_references,
+)
 from .tables import print_table
 from .targets import Target, report_targets, summarize_targets
 
@@ -130,10 +137,11 @@ def load_base(cur: Current, args: Options, base_results: str | None) -> Base:
     mode, path = choose_base(cur, args, base_results)
     context, stats = load_results(path) if path else ({}, {})
     if mode == OTHER_MACHINE:
+        then = ("this run is recorded as this machine's baseline" if args.record_missing
+                else f"record a baseline for this machine with: {cur.record_cmd}")
         print(f"[compare] the stored baseline was recorded on another machine "
               f"({describe_machine(context)}; this one: {describe_machine(cur.context)}): "
-              f"differences are shown for information and never fail. Record a baseline for "
-              f"this machine with: {cur.record_cmd}")
+              f"differences are shown for information and never fail; {then}")
     elif mode == NONE and not args.update_baseline and not args.record_missing:
         print(f"[compare] no baseline for this machine yet: {cur.record_cmd}")
     for w in check_context(context, cur.context):
@@ -192,13 +200,26 @@ def record(cur: Current, args: Options, errors: list[str]) -> tuple[bool, str | 
     return True, from_top(cur.own_file)
 
 
+def runs_of(cur: Current) -> int:
+    """The fewest repetitions any benchmark of `cur` has (0 without any)."""
+    return min((len(s.times) for s in cur.stats.values()), default=0)
+
+
 def conclude(cur: Current, mode: str, args: Options, errors: list[str],
              slower: list[str]) -> tuple[bool, str | None]:
-    """Records a baseline when asked to (--update-baseline, or
-    --record-missing without one), else says what is slower:
-    (passed, the file recorded)."""
-    if args.update_baseline or (args.record_missing and mode == NONE):
+    """Records a baseline when asked to (--update-baseline; or
+    --record-missing where this machine has none, from enough runs to gate
+    on), else says what is slower: (passed, the file recorded)."""
+    if args.update_baseline:
         return record(cur, args, errors)
+    if args.record_missing and mode in (NONE, OTHER_MACHINE):
+        if runs_of(cur) >= MIN_RUNS_TO_GATE:
+            return record(cur, args, errors)
+        # A baseline of too few runs would never gate (Note [Too few runs to
+        # gate]) and would stand in the way of a later, fuller run.
+        print(f"[compare] not recording a baseline from {runs_of(cur)} run(s): one needs "
+              f"{MIN_RUNS_TO_GATE} or more to gate on")
+        return not errors, None
     if slower:
         print(f"[compare] {len(slower)} benchmark(s) slower than the "
               f"{'base' if mode == AB else 'baseline'} beyond {args.threshold:.0%}")
