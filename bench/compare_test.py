@@ -306,12 +306,21 @@ class MachineBaselineTest(MainCase):
     def test_record_missing_beside_another_machines_baseline(self):
         self.run_main("--update-baseline", self.write("amd.json", results(
             {"BM_A/real_time": [1, 1, 1]}, cpu="AMD EPYC")))
+        # Two runs are too few to record: it says how to record one anyway.
+        few = self.write("few.json", results({"BM_A/real_time": [3, 3]}, cpu="Intel Xeon"))
+        rc, out = self.run_main("--record-missing", few)
+        self.assertEqual(rc, 0, out)
+        self.assertNotIn("recorded as this machine's baseline", out)
+        self.assertIn("--update-baseline", out)
+        self.assertFalse(os.path.exists(
+            os.path.join(self.baselines, "testkind", "intel-xeon", "fake_bench.json")))
         # This machine has none of its own: the run is shown against the other
         # machine's (information) and recorded as this machine's.
         data = self.write("x.json", results({"BM_A/real_time": [3, 3, 3]}, cpu="Intel Xeon"))
         rc, out = self.run_main("--record-missing", data)
         self.assertEqual(rc, 0, out)
         self.assertIn("differs", out)
+        self.assertIn("recorded as this machine's baseline", out)
         self.assertNotIn("--update-baseline", out)  # nothing left to do by hand
         self.assertTrue(os.path.exists(
             os.path.join(self.baselines, "testkind", "intel-xeon", "fake_bench.json")))
@@ -338,6 +347,9 @@ class MachineBaselineTest(MainCase):
                 self.assertEqual(os.path.exists(path), recorded, out)
                 if not recorded:
                     self.assertIn("not recording a baseline from 2 run(s)", out)
+                    self.assertIn("--update-baseline", out)  # says how to record one anyway
+                else:
+                    self.assertIn("baseline recorded for this machine", out)
         # An explicit --update-baseline records whatever it is given.
         rc, out = self.run_main("--update-baseline", self.write(
             "z.json", results({"BM_A/real_time": [1, 1]}, cpu="Cpu 2")))

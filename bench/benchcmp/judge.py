@@ -137,7 +137,8 @@ def load_base(cur: Current, args: Options, base_results: str | None) -> Base:
     mode, path = choose_base(cur, args, base_results)
     context, stats = load_results(path) if path else ({}, {})
     if mode == OTHER_MACHINE:
-        then = ("this run is recorded as this machine's baseline" if args.record_missing
+        records = args.record_missing and runs_of(cur) >= MIN_RUNS_TO_GATE
+        then = ("this run is recorded as this machine's baseline" if records
                 else f"record a baseline for this machine with: {cur.record_cmd}")
         print(f"[compare] the stored baseline was recorded on another machine "
               f"({describe_machine(context)}; this one: {describe_machine(cur.context)}): "
@@ -218,7 +219,7 @@ def conclude(cur: Current, mode: str, args: Options, errors: list[str],
         # A baseline of too few runs would never gate (Note [Too few runs to
         # gate]) and would stand in the way of a later, fuller run.
         print(f"[compare] not recording a baseline from {runs_of(cur)} run(s): one needs "
-              f"{MIN_RUNS_TO_GATE} or more to gate on")
+              f"{MIN_RUNS_TO_GATE} or more to gate on (to record it anyway: {cur.record_cmd})")
         return not errors, None
     if slower:
         print(f"[compare] {len(slower)} benchmark(s) slower than the "
