@@ -9,7 +9,8 @@
 #     --base   benchmarks A/B against that commit, in the same run (the CI
 #              regression check; also $RELOADSAFE_BENCH_BASE). Without it, the
 #              benchmarks are compared with this machine's stored baseline, or
-#              one is recorded for it when it has none.
+#              one is recorded for it when it has none (not from --quick's 2
+#              runs).
 #
 # Exit status: 1 if a test or the harness failed, or a benchmark regressed in
 # a comparison that gates (A/B, or this machine's own baseline). Differences

@@ -137,8 +137,8 @@ def load_base(cur: Current, args: Options, base_results: str | None) -> Base:
     mode, path = choose_base(cur, args, base_results)
     context, stats = load_results(path) if path else ({}, {})
     if mode == OTHER_MACHINE:
-        records = args.record_missing and runs_of(cur) >= MIN_RUNS_TO_GATE
-        then = ("this run is recorded as this machine's baseline" if records
+        then = ("this run is recorded as this machine's baseline"
+                if records_missing(cur, mode, args) and runs_of(cur) >= MIN_RUNS_TO_GATE
                 else f"record a baseline for this machine with: {cur.record_cmd}")
         print(f"[compare] the stored baseline was recorded on another machine "
               f"({describe_machine(context)}; this one: {describe_machine(cur.context)}): "
@@ -206,6 +206,12 @@ def runs_of(cur: Current) -> int:
     return min((len(s.times) for s in cur.stats.values()), default=0)
 
 
+def records_missing(cur: Current, mode: str, args: Options) -> bool:
+    """Whether --record-missing asks to record `cur`: this machine has no
+    baseline of its own (none at all, or only other machines')."""
+    return args.record_missing and mode in (NONE, OTHER_MACHINE)
+
+
 def conclude(cur: Current, mode: str, args: Options, errors: list[str],
              slower: list[str]) -> tuple[bool, str | None]:
     """Records a baseline when asked to (--update-baseline; or
@@ -213,7 +219,7 @@ def conclude(cur: Current, mode: str, args: Options, errors: list[str],
     on), else says what is slower: (passed, the file recorded)."""
     if args.update_baseline:
         return record(cur, args, errors)
-    if args.record_missing and mode in (NONE, OTHER_MACHINE):
+    if records_missing(cur, mode, args):
         if runs_of(cur) >= MIN_RUNS_TO_GATE:
             return record(cur, args, errors)
         # A baseline of too few runs would never gate (Note [Too few runs to
