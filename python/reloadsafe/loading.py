@@ -218,7 +218,21 @@ def load_checkpoint(
         target = _lookup(module, name)
         loader: Callable[[torch.Tensor, torch.Tensor], None] | None = getattr(target, "weight_loader", None)
         if loader is not None:
-            loader(target, loaded)
+            try:
+                loader(target, loaded)
+            except ReloadCheckError:
+                raise
+            except Exception as e:
+                # Named here: the loader's own message rarely says which
+                # parameter it was writing, or that post-processing left it
+                # in a layout the loader cannot write (a one-way repack).
+                raise ReloadCheckError(
+                    f"the weight_loader of '{name}' raised {type(e).__name__}: {e}. '{name}' is now "
+                    f"{describe(target)} and the checkpoint's is {describe(loaded)}: every load, reloads "
+                    "included, goes through the loader, so post-processing must leave the parameter in a "
+                    "layout its loader can write (keep a checkpoint-layout parameter and put the kernel "
+                    "layout in a buffer of its own)"
+                ) from e
             continue
         if not is_dense(target):
             raise ReloadCheckError(

@@ -1,0 +1,135 @@
+"""The bug zoo (python/tests/zoo): for every catalogue row, check_reload flags
+the buggy layer by the name the upstream fix named, in both reload modes,
+and passes the fixed layer; verdicts hold over an A -> B -> A checkpoint
+cycle; the rows whose value check needs new weights miss it on a
+same-weights reload. A row the checker cannot catch yet is a strict xfail
+that names the missing capability."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import reloadsafe
+from reloadsafe import ReloadCheckError, check_reload
+
+import zoo
+from zoo._layers import ab_cycle, default_checkpoints, same_weights
+
+RELOADS = 4
+VALUE_CHECKS = {"forward", "replay"}
+
+
+def _check(bug, kind, reloads=RELOADS, **overrides):
+    options = bug.check_options(kind)
+    options.update(overrides)
+    return check_reload(bug.layer(kind), bug.example_input, reloads=reloads, name=f"{bug.id} {kind}", **options)
+
+
+def _names(name):
+    """Matches ``name`` as a whole component of a flagged name:
+    ``act_perm`` in ``kernel.act_perm.keywords['index']``."""
+    return re.compile(r"(^|[.\[' (])" + re.escape(name) + r"($|[.\[\]' )])")
+
+
+def _flags(flagged, name):
+    return any(_names(name).search(f) for f in flagged)
+
+
+def _not_caught_yet(bug):
+    """A strict xfail while a capability the row needs is missing."""
+    missing = bug.missing()
+    if bug.gap and missing:
+        return [pytest.mark.xfail(strict=True, raises=AssertionError,
+                                  reason=f"not caught yet (missing: {', '.join(missing)}): {bug.gap}")]
+    return []
+
+
+def _params(bugs, marks=_not_caught_yet):
+    return [pytest.param(b, id=b.id, marks=marks(b)) for b in bugs]
+
+
+def _base_checkpoints(bug):
+    return bug.options.get("make_checkpoint") or default_checkpoints(bug.buggy)
+
+
+def test_the_zoo_covers_the_catalogue():
+    assert len(zoo.BUGS) >= 25
+    assert len({b.id for b in zoo.BUGS}) == len(zoo.BUGS)
+    classes = {b.mechanism_class for b in zoo.BUGS}
+    # Every primary class of the catalogue (H is only ever secondary there).
+    assert classes >= set(zoo.MECHANISMS) - {"H"}, set(zoo.MECHANISMS) - classes
+    for b in zoo.BUGS:
+        assert re.fullmatch(r"Z\d\d", b.id) and re.fullmatch(r"[\w.-]+/[\w.-]+#\d+", b.thread), b
+        assert b.names and b.outcome in ("violation", "error")
+    assert sum(b.values_must_change for b in zoo.BUGS) >= 8
+
+
+@pytest.mark.parametrize("bug", _params(zoo.BUGS))
+def test_buggy_layer_is_flagged_by_the_upstream_name(bug):
+    if bug.outcome == "error":
+        with pytest.raises(ReloadCheckError) as e:
+            _check(bug, "buggy")
+        assert f"'{bug.names[0]}'" in str(e.value), str(e.value)
+        return
+    report = _check(bug, "buggy")
+    assert not report.ok, report.table()
+    for mode in reloadsafe.MODES:
+        flagged = report.modes[mode]["flagged"]
+        for name in bug.names:
+            assert _flags(flagged, name), (mode, name, flagged)
+
+
+@pytest.mark.parametrize("bug", _params(zoo.BUGS, marks=lambda b: []))
+def test_fixed_layer_passes(bug):
+    report = _check(bug, "fixed")
+    assert report.ok, report.table()
+    for mode in reloadsafe.MODES:
+        m = report.modes[mode]
+        assert m["flagged"] == [] and "error" not in m and m["reloads_done"] == RELOADS, report.table()
+
+
+@pytest.mark.parametrize("bug", _params([b for b in zoo.BUGS if b.outcome == "violation"]))
+def test_verdicts_hold_over_an_a_b_a_cycle(bug):
+    """Checkpoints A, B, A, B, A: state refreshed by only one reload, or
+    right only for the checkpoint it was first built from, shows."""
+    cycle = ab_cycle(_base_checkpoints(bug))
+    assert check_reload(bug.fixed, bug.example_input, reloads=4, make_checkpoint=cycle,
+                        **{k: v for k, v in bug.check_options("fixed").items() if k != "make_checkpoint"}).ok
+    report = check_reload(bug.buggy, bug.example_input, reloads=4, make_checkpoint=cycle,
+                          **{k: v for k, v in bug.check_options("buggy").items() if k != "make_checkpoint"})
+    assert not report.ok
+    for name in bug.names:
+        assert _flags(report.flagged, name), (name, report.flagged)
+
+
+def test_an_a_b_a_cycle_loads_a_then_b_then_a_again():
+    bug = zoo.by_id("Z04")
+    cycle = ab_cycle(_base_checkpoints(bug))
+    a, b, a2 = (cycle(1 + r * 1000003) for r in range(3))
+    assert all((a[k] == a2[k]).all() and not (a[k] == b[k]).all() for k in a)
+
+
+@pytest.mark.parametrize("bug", _params([b for b in zoo.BUGS if b.values_must_change], marks=lambda b: []))
+def test_the_value_check_needs_new_weights(bug):
+    """The stale read of these rows computes the right output when the
+    reload brings the same weights: only a value-changing reload (the
+    default) makes the forward or the replay differ from a cold load."""
+    options = bug.check_options("buggy")
+    options["make_checkpoint"] = same_weights(_base_checkpoints(bug))
+    same = check_reload(bug.buggy, bug.example_input, reloads=RELOADS, **options)
+    assert not VALUE_CHECKS & set(same.flagged), same.table()
+    new = _check(bug, "buggy")
+    assert VALUE_CHECKS & set(new.flagged), new.table()
+
+
+def test_the_eager_fix_of_a_host_scale_is_still_a_graph_bug():
+    """Z37's eager fix (ModelExpress #711, #783) refreshes the host float on
+    every refit: the live forward is right, but a captured graph replays the
+    number it baked in, and so does the capture's CPU replay."""
+    from zoo.derived import HostKvScaleEagerFix
+
+    bug = zoo.by_id("Z37")
+    report = check_reload(HostKvScaleEagerFix, bug.example_input, reloads=RELOADS)
+    assert not report.ok
+    assert "replay" in report.flagged and "forward" not in report.flagged, report.table()
