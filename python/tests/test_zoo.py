@@ -6,6 +6,7 @@ same-weights reload. A row the checker cannot catch yet is a strict xfail
 that names the missing capability."""
 from __future__ import annotations
 
+import pathlib
 import re
 
 import pytest
@@ -133,3 +134,17 @@ def test_the_eager_fix_of_a_host_scale_is_still_a_graph_bug():
     report = check_reload(HostKvScaleEagerFix, bug.example_input, reloads=RELOADS)
     assert not report.ok
     assert "replay" in report.flagged and "forward" not in report.flagged, report.table()
+
+
+def test_docs_bug_zoo_md_is_what_the_zoo_gives_now():
+    """docs/bug-zoo.md is generated (tools/gen_bug_zoo.sh): a row that
+    changes verdict, or a pair added, makes it stale."""
+    from zoo import table
+
+    doc = pathlib.Path(__file__).resolve().parents[2] / "docs" / "bug-zoo.md"
+    rows = [table.run(b) for b in zoo.BUGS]
+    for row in rows:
+        # The table and the tests agree on what is caught.
+        assert row.caught == (not (row.bug.gap and row.bug.missing())), row.bug.id
+        assert row.fixed_ok, row.bug.id
+    assert doc.read_text() == table.render(rows), "docs/bug-zoo.md is stale: run tools/gen_bug_zoo.sh"
