@@ -31,6 +31,7 @@ from .loading import (
     is_dense,
     load_checkpoint,
 )
+from .state import StateComparison
 from .walk import named_objects, named_tensors
 
 __all__ = ["check_reload", "ReloadReport", "MODES"]
@@ -173,6 +174,7 @@ class _LayerSubject(_C.ReloadSubject):
         self.expect_violation = expect_violation
         self.memory_tolerance_bytes = _whole_number("memory_tolerance_bytes", memory_tolerance_bytes, 0, example=4096)
         self.example_input = example_input
+        self.state_comparison: StateComparison | None = None  # compare_state=True
 
         probe = self.new_layer()
         n_weights = sum(1 for _ in probe.parameters()) + sum(1 for _ in probe.buffers())
@@ -238,10 +240,15 @@ class _LayerSubject(_C.ReloadSubject):
 
     def cold_load(self, ckpt: Checkpoint) -> None:
         self.live = self.cold_loaded(ckpt)
+        if self.state_comparison is not None:
+            self.state_comparison.cold_loaded()
 
     def reload(self, mode: Any, ckpt: Checkpoint) -> None:
         assert self.live is not None
         self.load_and_process(self.live, ckpt)
+        if self.state_comparison is not None:
+            mode_name = "direct" if mode == _C.ReloadMode.direct else "normal"
+            self.state_comparison.reloaded(mode_name, self.live, ckpt)
         gc.collect()  # storages kept only by reference cycles are freed before the census
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -454,6 +461,7 @@ def check_reload(
     memory_tolerance_bytes: int = 0,
     expect_violation: str | None = None,
     trace: bool = True,
+    compare_state: bool = False,
 ) -> ReloadReport:
     """Checks that reloading weights into a layer keeps every address a
     captured CUDA graph of its forward reads.
@@ -491,7 +499,14 @@ def check_reload(
       a fresh cold load of the same checkpoint;
     - the checkpoint, the input and a canary are unchanged;
     - live tensor memory does not grow after the first reload (beyond
-      ``memory_tolerance_bytes``).
+      ``memory_tolerance_bytes``);
+    - with ``compare_state``: every tensor and host number (``int``,
+      ``float``) the module reaches holds what a cold load of the same
+      checkpoint holds, by name (reloadsafe/state.py); one that does not is
+      a violation named by it, "not idempotent" where loading the same
+      checkpoint twice already changes it, else "differs from a cold load"
+      (a stale derived tensor, a host number a graph bakes in, padding left
+      from an earlier pass). State the forward makes is not compared.
 
     Returns a ``ReloadReport``; ``report.ok`` is the verdict and
     ``report.table()`` names every violation. ``expect_violation`` marks a
@@ -528,6 +543,8 @@ def check_reload(
             layer, example_input, load, process, forward, make_checkpoint, modes, dev, name, undeclared,
             expect_violation, memory_tolerance_bytes,
         )
+        if compare_state:
+            subject.state_comparison = StateComparison(subject, undeclared)
         subject.preflight()
         options = _C.RunOptions()
         options.reloads = int(reloads)
@@ -535,6 +552,8 @@ def check_reload(
         options.seed = int(seed)
         options.trace = bool(trace)
         report = _C.run_subject(subject, options)
+        if subject.state_comparison is not None:
+            subject.state_comparison.add_to(report)
         if dev.type == "cuda":
             from .cuda_graph import graph_replay_check
 

@@ -53,7 +53,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-__all__ = ["NamedObject", "NamedTensor", "named_objects", "named_tensors"]
+__all__ = ["NamedObject", "NamedTensor", "named_numbers", "named_objects", "named_tensors"]
 
 #: Default for ``named_tensors(max_depth=...)``.
 DEFAULT_MAX_DEPTH = 8
@@ -153,6 +153,9 @@ class _Walker:
         self.entered: set[int] = set()
         self.out: list[NamedTensor] = []
         self.objects: list[NamedObject] = []
+        # Host numbers (int and float, not bool) under every name they are
+        # reached by: a forward that reads one bakes it into a capture.
+        self.numbers: list[tuple[str, int | float]] = []
         # Tensors whose own attributes (``t.__dict__``) are still to walk:
         # walked after every module's parameters and buffers, so a tensor an
         # attribute also reaches keeps its declared name.
@@ -219,6 +222,9 @@ class _Walker:
                 self.value(_join(n, an), value, 0, "attribute")
 
     def value(self, name: str, obj: Any, depth: int, kind: str) -> None:
+        if isinstance(obj, (int, float)) and not isinstance(obj, bool):
+            self.numbers.append((name, obj))
+            return
         if isinstance(obj, torch.Tensor):
             self.add(name, obj, kind, depth)
             return
@@ -339,3 +345,15 @@ def named_objects(module: torch.nn.Module, *, max_depth: int = DEFAULT_MAX_DEPTH
     Raises ``TypeError`` if ``module`` is not a ``torch.nn.Module``.
     """
     return _walk("named_objects", module, max_depth).objects
+
+
+def named_numbers(module: torch.nn.Module, *, max_depth: int = DEFAULT_MAX_DEPTH) -> list[tuple[str, int | float]]:
+    """Every Python ``int`` and ``float`` (not ``bool``) reachable from
+    ``module`` by the walk of ``named_tensors`` (module attributes, containers,
+    partials, closures, plain objects), as ``(name, value)``: the host numbers
+    a forward may read and a captured graph bakes in (``_k_scale_float``).
+    A number reached by several names is listed under each.
+
+    Raises ``TypeError`` if ``module`` is not a ``torch.nn.Module``.
+    """
+    return _walk("named_numbers", module, max_depth).numbers

@@ -204,7 +204,11 @@ class HostKvScaleEagerFix(HostKvScaleBuggy):
 
 
 class HostKvScaleFixed(HostKvScaleBuggy):
-    """The graph-safe form: the forward reads the scale tensor, an address."""
+    """The graph-safe form: the forward reads the scale tensor, an address,
+    and no host copy is kept."""
+
+    def process_weights_after_loading(self):
+        pass
 
     def forward(self, x):
         return F.linear(x, self.k_proj) * self.k_scale

@@ -133,19 +133,20 @@ def render(rows: list[Row]) -> str:
         "",
         f"**{len(caught)} of {len(rows)} caught by name; {len(fixed)} of {len(rows)} fixed layers pass.**",
         "",
-        "Columns: *reported* is the buggy layer's report in its own words (each flagged tensor with what",
+        "Columns: *options* are the `check_reload` options the row needs beyond the defaults; *reported* is the buggy layer's report in its own words (each flagged tensor with what",
         "changed, the first traced read, then the value checks); *same weights* is what a reload of the same",
         "checkpoint gives the buggy layer (`passes`: only new values show the bug; `caught, no value check`:",
         "the address checks catch it, but the forward and the replay are right, as they were for the engine).",
         "",
-        "| id | engine | thread | class | bug | reported on the buggy layer | caught | fixed | same weights | why not caught |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| id | engine | thread | class | bug | options | reported on the buggy layer | caught | fixed | same weights | why not caught |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         b = r.bug
         why = "" if r.caught else (b.gap or "")
+        used = ", ".join(f"`{k}`" for k in b.needs if k not in b.missing())
         lines.append(
-            f"| {b.id} | {b.engine} | {b.thread} | {b.mechanism} | {_cell(b.title)} | {_cell(r.reported)} | "
+            f"| {b.id} | {b.engine} | {b.thread} | {b.mechanism} | {_cell(b.title)} | {used} | {_cell(r.reported)} | "
             f"{'yes' if r.caught else 'no'} | {'passes' if r.fixed_ok else 'FAILS'} | {r.same_weights} | {_cell(why)} |"
         )
     lines += ["", "Mechanism classes:", ""]

@@ -1,0 +1,161 @@
+"""A reloaded layer's state against a cold load's, by name.
+
+A reload is right when the layer afterwards holds what a fresh cold load of
+the same checkpoint holds. The forward comparison says *whether* it does;
+this module says *which* tensor or host number does not: every tensor
+``named_tensors`` reaches and every ``int``/``float`` ``named_numbers``
+reaches, in both layers, compared by name. ``check_reload(...,
+compare_state=True)`` runs it after every reload and reports each name that
+differs, at the first reload where it differs, as
+
+- ``not idempotent``: loading the same checkpoint twice into a fresh layer
+  already gives a value other than one load does (a scale halved again, a
+  swap applied to what the previous pass swapped, a conversion guarded by a
+  flag nothing clears);
+- ``differs from a cold load``: otherwise (a derived tensor or host number
+  left from an earlier checkpoint, padding that keeps an earlier pass's
+  values, a buffer the reload machinery overwrote).
+
+Only names both layers have are compared: state the forward makes (a
+workspace, a lazily built cache) exists in the live layer only and is not
+compared. Names in ``skip`` (``check_reload``'s ``undeclared``) are not
+compared either.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from ._loader import _C
+from .reference import direct_reload
+from .walk import named_numbers, named_tensors
+
+__all__ = ["StateComparison", "StateDifference", "state_differences"]
+
+# Floating values closer than this (relative and absolute) are equal: the
+# same arithmetic on the same checkpoint, in another order, may round apart.
+_RTOL = 1e-5
+_ATOL = 1e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class StateDifference:
+    """One name whose value in ``live`` is not ``cold``'s: ``before`` is
+    the cold load's (a number, or a tensor's layout), ``after`` the live
+    layer's (a number, or how far the tensor is off)."""
+
+    name: str
+    before: str
+    after: str
+
+
+def _layout(t: torch.Tensor) -> str:
+    return f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}"
+
+
+def _tensor_difference(live: torch.Tensor, cold: torch.Tensor) -> str | None:
+    """How ``live`` differs from ``cold`` in layout or value, or None."""
+    if live.shape != cold.shape or live.dtype != cold.dtype:
+        return _layout(live)
+    a = live.detach().to("cpu")
+    b = cold.detach().to("cpu")
+    if a.is_floating_point() or a.is_complex():
+        if torch.allclose(a, b, rtol=_RTOL, atol=_ATOL, equal_nan=True):
+            return None
+        a64, b64 = a.to(torch.float64), b.to(torch.float64)
+        nan = a64.isnan() ^ b64.isnan()
+        if bool(nan.any()):
+            return f"{int(nan.sum())} NaN where a cold load has numbers"
+        return f"max |diff| {float((a64 - b64).abs().max()):.4g}"
+    if torch.equal(a, b):
+        return None
+    return f"{int((a != b).sum())} of {a.numel()} elements differ"
+
+
+def state_differences(
+    live: torch.nn.Module, cold: torch.nn.Module, skip: Iterable[str] = ()
+) -> list[StateDifference]:
+    """Every name ``live`` and ``cold`` both reach (tensors, then host
+    numbers) whose value differs, in the order ``named_tensors`` and
+    ``named_numbers`` give them."""
+    skipped = set(skip)
+    out: list[StateDifference] = []
+    cold_tensors = {n.name: n.tensor for n in named_tensors(cold)}
+    for n in named_tensors(live):
+        other = cold_tensors.get(n.name)
+        if other is None or n.name in skipped or n.tensor.numel() == 0 or n.tensor.is_meta:
+            continue
+        diff = _tensor_difference(n.tensor, other)
+        if diff is not None:
+            out.append(StateDifference(n.name, f"cold load {_layout(other)}", diff))
+    cold_numbers = dict(named_numbers(cold))
+    for name, value in named_numbers(live):
+        if name in skipped or name not in cold_numbers:
+            continue
+        other = cold_numbers[name]
+        if not math.isclose(value, other, rel_tol=_RTOL, abs_tol=_ATOL) and not (
+            math.isnan(value) and math.isnan(other)
+        ):
+            out.append(StateDifference(name, f"cold load {other!r}", repr(value)))
+    return out
+
+
+class StateComparison:
+    """``check_reload(..., compare_state=True)``: after every reload, the
+    live layer against a cold load of the same checkpoint (made aside, as a
+    plain load, outside the direct-reload mode), by name. ``subject`` is
+    check.py's layer subject (``cold_loaded``, ``new_layer``,
+    ``load_and_process``). Findings are kept per mode, each name at the
+    first reload where it differs, and added to the report at the end."""
+
+    def __init__(self, subject: Any, skip: Iterable[str]) -> None:
+        self.subject = subject
+        self.skip = set(skip)
+        self.findings: list[tuple[str, int, str, str, str, str]] = []
+        self._reload = 0
+        self._mode = ""
+        self._named: set[str] = set()
+        self._not_idempotent: set[str] | None = None
+
+    def cold_loaded(self) -> None:
+        """A mode starts (its cold load)."""
+        self._reload = 0
+        self._named = set()
+
+    def reloaded(self, mode: str, live: torch.nn.Module, ckpt: Mapping[str, torch.Tensor]) -> None:
+        self._reload += 1
+        self._mode = mode
+        with direct_reload(False):
+            cold = self.subject.cold_loaded(ckpt)
+            differences = state_differences(live, cold, self.skip)
+            if differences and self._not_idempotent is None:
+                self._not_idempotent = self._twice(ckpt, cold)
+        for d in differences:
+            if d.name in self._named:
+                continue
+            self._named.add(d.name)
+            what = (
+                "not idempotent: loading the same checkpoint twice gives another value than loading it once"
+                if self._not_idempotent and d.name in self._not_idempotent
+                else "differs from a cold load of the same checkpoint"
+            )
+            self.findings.append((mode, self._reload, d.name, what, d.before, d.after))
+
+    def _twice(self, ckpt: Mapping[str, torch.Tensor], cold: torch.nn.Module) -> set[str]:
+        """The names a fresh layer that loads ``ckpt`` twice holds otherwise
+        than one that loads it once."""
+        layer = self.subject.new_layer()
+        self.subject.load_and_process(layer, ckpt)
+        layer.eval()
+        self.subject.load_and_process(layer, ckpt)
+        return {d.name for d in state_differences(layer, cold, self.skip)}
+
+    def add_to(self, report: Any) -> None:
+        """Adds the findings to the protocol's report, as violations of
+        their mode and reload."""
+        for mode, reload, name, what, before, after in self.findings:
+            _C.add_violation(report, mode, reload, name, what, before, after, "")
