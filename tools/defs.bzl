@@ -9,6 +9,9 @@ environment in one place:
   rs_property_test  a RapidCheck property test, with fixed seed and case count
                     for CI (override with --test_env=RC_PARAMS=...), and its
                     soak run `<name minus _test>_soak` (tags manual, soak).
+  rs_cuda_library   a library that needs CUDA headers and LibTorch's CUDA
+                    library, linked whole; empty where no CUDA Toolkit is
+                    found, so its dependents build everywhere.
   rs_gpu_test       a GoogleTest test that needs CUDA: tagged `gpu` so the
                     default run leaves it out; `--config=gpu` runs it.
   rs_benchmark      a Google Benchmark binary plus `<name>_smoke`, a cc_test
@@ -105,6 +108,26 @@ def soak_name(name):
     """The soak target of test `name`: `foo_test` -> `foo_soak`."""
     return (name[:-len("_test")] if name.endswith("_test") else name) + "_soak"
 
+def rs_cuda_library(name, srcs, deps = [], **kwargs):
+    """A library of CUDA host code (no .cu files) of the project.
+
+    It registers what it provides from static initialisers, so it is linked
+    whole (alwayslink), and it keeps libtorch_cuda.so in every binary that
+    links it: its code calls into that library, so `--as-needed` cannot drop
+    it. Without a CUDA Toolkit it is an empty library.
+    """
+    if CUDA_FOUND:
+        native.cc_library(
+            name = name,
+            srcs = srcs,
+            copts = RS_COPTS,
+            alwayslink = True,
+            deps = deps + [_TORCH_CUDA],
+            **kwargs
+        )
+    else:
+        native.cc_library(name = name, deps = deps, **kwargs)
+
 def rs_gpu_test(name, srcs, deps = [], size = "medium", tags = [], **kwargs):
     """A test that needs a CUDA device.
 
@@ -121,6 +144,10 @@ def rs_gpu_test(name, srcs, deps = [], size = "medium", tags = [], **kwargs):
             copts = RS_COPTS,
             tags = tags + ["gpu"],
             deps = deps + [_TORCH_CUDA, _GTEST_MAIN],
+            # The project's libraries linked in, not as Bazel's per-library
+            # shared objects: tools/gpu_bundle.sh carries the binary alone to
+            # a GPU machine, which has LibTorch and nothing of Bazel's.
+            linkstatic = True,
             **kwargs
         )
     else:

@@ -7,6 +7,7 @@
 // the output is stale.
 //
 // RELOADSAFE_GRAPH_RELOADS sets the reloads per backend and mode (default 100).
+#include "conformance/harness/device_graph.h"
 #include "conformance/harness/harness.h"
 #include "conformance/trace/read_trace.h"
 
@@ -269,14 +270,66 @@ TEST_F(CudaGraphReload, KernelArgumentsPointIntoTheTracedReadSetOrTheGraphPool) 
   EXPECT_GT(kernels_checked, 0) << "no kernel node with a pointer argument was found";
 }
 
-TEST_F(CudaGraphReload, HarnessPassesOnCuda) {
+TEST_F(CudaGraphReload, HarnessPassesOnCudaAndReplaysTheGraphAfterEveryReload) {
   RunOptions options;
   options.device = c10::Device(c10::kCUDA, 0);
   options.reloads = 10;
   for (const auto& backend : BackendRegistry::instance().create_all()) {
+    if (backend->cpu_only()) continue;
     SCOPED_TRACE(backend->name());
-    EXPECT_TRUE(run_backend(*backend, options).ok());
+    const BackendReport report = run_backend(*backend, options);
+    EXPECT_TRUE(report.ok());
+    if (backend->negative_control()) continue;
+    for (const ModeReport& mode : report.modes) {
+      EXPECT_EQ(mode.graph_replays, options.reloads) << to_string(mode.mode) << ": " << mode.error;
+    }
   }
+}
+
+// Note [Device quarantine]: a block freed after the capture is never handed
+// back, so a graph that reads it reads poison on every replay, whatever the
+// caching allocator would have done.
+TEST_F(CudaGraphReload, AGraphReadingAFreedTensorReadsPoisonOnEveryReplay) {
+  const c10::Device cuda(c10::kCUDA, 0);
+  const DeviceGraphCapture capture = device_graph_capture(c10::kCUDA);
+  ASSERT_NE(capture, nullptr) << cuda_unavailable_reason();
+  const auto options = at::TensorOptions().device(cuda);
+  at::Tensor weight = at::ones({1 << 16}, options);
+  const void* captured = weight.data_ptr();
+  std::unique_ptr<CapturedDeviceGraph> graph = capture(cuda, [&] { return weight * 2; });
+  for (int reload = 1; reload <= 5; ++reload) {
+    SCOPED_TRACE(reload);
+    weight.reset();  // freed first, then rebuilt: the allocator's favourite reuse
+    weight = at::ones({1 << 16}, options);
+    EXPECT_NE(weight.data_ptr(), captured) << "the freed block was handed back";
+    const at::Tensor out = graph->replay();
+    EXPECT_TRUE(at::isnan(out).all().item<bool>()) << "the replay read something other than poison";
+  }
+}
+
+// The protocol's graph step on a rebuilt tensor (neg_undeclared_scale):
+// every reload's replay is wrong, in both modes, not only the reloads where
+// the allocator happened to hand out another block.
+TEST_F(CudaGraphReload, TheProtocolFlagsAStaleGraphReplayOnEveryReload) {
+  RunOptions options;
+  options.device = c10::Device(c10::kCUDA, 0);
+  options.reloads = 8;
+  options.max_listed = 1000;
+  int controls = 0;
+  for (const auto& backend : BackendRegistry::instance().create_all()) {
+    if (backend->name() != "neg_undeclared_scale") continue;
+    ++controls;
+    const BackendReport report = run_backend(*backend, options);
+    for (const ModeReport& mode : report.modes) {
+      SCOPED_TRACE(to_string(mode.mode));
+      EXPECT_EQ(mode.error, "");
+      const auto stale =
+          std::count_if(mode.violations.begin(), mode.violations.end(),
+                        [](const Violation& v) { return v.tensor == "cuda graph replay"; });
+      EXPECT_EQ(stale, options.reloads);
+    }
+  }
+  EXPECT_EQ(controls, 1);
 }
 
 }  // namespace

@@ -1,16 +1,16 @@
 // The reload harness over every registered backend.
 //
 //   bazel run //conformance/harness:reload_harness -- [--reloads N] [--device cpu|cuda[:I]]
-//       [--backend NAME] [--seed S] [--json PATH] [--no-trace] [--trace]
+//       [--backend NAME] [--seed S] [--json PATH] [--no-trace] [--trace] [--build-info]
 //
 // Prints a table for people and, with --json, writes the report for machines.
 // --trace prints what the forward of each selected backend reads (its
-// captured read set) and runs no reloads. Exits 1 when a sample backend loses
+// captured read set) and runs no reloads. --build-info prints what the binary
+// has of CUDA (kernels linked, graph step, a device visible). Exits 1 when a sample backend loses
 // an address or a negative control is not flagged, 2 on bad arguments.
+#include "conformance/harness/device_graph.h"
 #include "conformance/harness/harness.h"
 #include "conformance/harness/run_flags.h"
-
-#include <ATen/Context.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -22,7 +22,7 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: reload_harness [--reloads N] [--device cpu|cuda[:I]] [--backend NAME] [--seed S]\n"
-    "                      [--json PATH] [--no-trace] [--trace]\n";
+    "                      [--json PATH] [--no-trace] [--trace] [--build-info]\n";
 
 [[noreturn]] void bad_argument(const std::string& message) {
   std::cerr << "reload_harness: " << message << "\n" << kUsage;
@@ -67,6 +67,9 @@ int main(int argc, char** argv) {
         json_path = flag_value(argc, argv, i);
       } else if (arg == "--trace") {
         trace_only = true;
+      } else if (arg == "--build-info") {
+        std::cout << "reload_harness: " << cuda_build_info() << "\n";
+        return 0;
       } else if (arg == "--help" || arg == "-h") {
         std::cout << kUsage;
         return 0;
@@ -77,9 +80,12 @@ int main(int argc, char** argv) {
   } catch (const BadFlag& e) {
     bad_argument(e.what());
   }
-  if (options.device.is_cuda() && !at::hasCUDA()) {
-    std::cerr << "reload_harness: --device cuda given but no CUDA device is available\n";
-    return 2;
+  if (options.device.is_cuda()) {
+    const std::string why = cuda_unavailable_reason();
+    if (!why.empty()) {
+      std::cerr << "reload_harness: --device " << options.device << " given, but " << why << "\n";
+      return 2;
+    }
   }
   std::vector<BackendReport> reports;
   bool found = false;

@@ -1,6 +1,7 @@
 #include "conformance/harness/protocol.h"
 
 #include "conformance/harness/cold_loads.h"
+#include "conformance/harness/device_graph.h"
 #include "conformance/harness/values.h"
 #include "conformance/trace/capture.h"
 #include "conformance/trace/memory_census.h"
@@ -221,6 +222,7 @@ class ModeRun {
       capture_ = capture(subject_, x_);
       count_reads(capture_, report_);
     }
+    if (!options_.device.is_cpu()) capture_graph();
     // Cold-load outputs kept for the next mode are not the subject's (Note
     // [One cold load per checkpoint]).
     kept_before_ = cold_loads_.kept_bytes();
@@ -238,6 +240,13 @@ class ModeRun {
       subject_.reload(mode_, ckpt);
     }
     report_.reloads_done = r;
+    // The graph replays first, before any other forward runs on the device:
+    // what it reads is what the reload left (Note [Device quarantine]).
+    at::Tensor replayed_graph;
+    if (graph_) {
+      replayed_graph = graph_->replay();
+      ++report_.graph_replays;
+    }
     record_memory();
     compare_declared(declared_, declared_locations(subject_.named_tensors()), r, sink_);
     for (const auto& [n, t] : ckpt) {
@@ -246,12 +255,29 @@ class ModeRun {
     }
     if (!same_bytes(x_, input_)) sink_.add(r, "input", "bytes changed", "", "");
     if (!same_bytes(canary_, canary_bytes_)) sink_.add(r, "canary", "bytes changed", "", "");
-    check_forward(r, ckpt);
+    check_forward(r, ckpt, replayed_graph);
+  }
+
+  // The device graph step (device_graph.h): the live forward captured as a
+  // graph once, after the trace capture. A forward that cannot be captured
+  // is a violation: an engine could not capture it either.
+  void capture_graph() {
+    const DeviceGraphCapture capture = device_graph_capture(options_.device.type());
+    TORCH_CHECK(capture != nullptr, "the protocol on ", options_.device.str(),
+                " needs its graph step, and ", cuda_unavailable_reason());
+    try {
+      graph_ = capture(options_.device, [&] { return subject_.forward(x_); });
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      sink_.add(0, "cuda graph", "capture failed", "", what.substr(0, what.find('\n')));
+    }
   }
 
   // The live forward (retraced against the capture) and the replay of the
   // capture, each against a cold load of the same checkpoint.
-  void check_forward(int r, const Checkpoint& ckpt) {
+  // `replayed_graph`: the device graph's output after this reload, or
+  // undefined where no graph was captured.
+  void check_forward(int r, const Checkpoint& ckpt, const at::Tensor& replayed_graph) {
     at::Tensor out;
     bool replays_as_retraced = false;
     if (options_.trace) {
@@ -276,6 +302,12 @@ class ModeRun {
     }
     if (options_.trace) {
       check_replay(r, expected, replays_as_retraced ? &out : nullptr, out_close);
+    }
+    if (replayed_graph.defined() && !close(replayed_graph, expected)) {
+      sink_.add(r, "cuda graph replay",
+                "the captured graph, replayed, differs from a cold load (it read an address the "
+                "reload abandoned, or a tensor the reload did not refill)",
+                "cold load", sink_.listing() ? max_diff(replayed_graph, expected) : "");
     }
   }
 
@@ -344,6 +376,7 @@ class ModeRun {
   at::Tensor canary_, canary_bytes_;
   Locations declared_;
   Capture capture_;
+  std::unique_ptr<CapturedDeviceGraph> graph_;  // on a device: the captured graph
   bool replayed_once_ = false;  // a replay of the capture ran and returned an output
   int64_t kept_before_ = 0;
 };

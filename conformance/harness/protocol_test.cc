@@ -2,6 +2,8 @@
 // must still compute per mode (Note [One cold load per checkpoint] in
 // protocol.cc).
 #include "conformance/harness/protocol.h"
+
+#include "conformance/harness/device_graph.h"
 #include "conformance/harness/report_format.h"
 
 #include <ATen/ATen.h>
@@ -215,6 +217,16 @@ TEST(Protocol, AStaleReadIsFlaggedByTheReplayAfterEveryReload) {
     if (v.tensor == "replay") replays.push_back(v.reload);
   }
   EXPECT_EQ(replays, (std::vector<int>{1, 2, 3, 4})) << to_table({report});
+}
+
+// A binary linked without conformance/harness:device_graph_cuda (this one:
+// LibTorch's CPU library only) has no graph step, and says which of "not
+// linked" and "no device" it is.
+TEST(DeviceGraph, ABinaryWithoutCudaSaysItWasBuiltWithoutIt) {
+  EXPECT_EQ(device_graph_capture(c10::kCUDA), nullptr);
+  const std::string why = cuda_unavailable_reason();
+  EXPECT_NE(why.find("built without CUDA"), std::string::npos) << why;
+  EXPECT_NE(cuda_build_info().find("CUDA not linked"), std::string::npos) << cuda_build_info();
 }
 
 }  // namespace

@@ -58,6 +58,9 @@ struct ModeReport {
   /// Bytes in live CPU tensor storages (or CUDA allocated bytes) after the
   /// cold load and after each reload; empty where not measured.
   std::vector<int64_t> memory_bytes;
+  /// Replays of the forward's captured device graph (on CUDA: one per
+  /// reload; 0 on the CPU).
+  int graph_replays = 0;
   std::string error;  ///< an exception from the subject or the protocol
   bool clean() const { return error.empty() && violation_count == 0; }
 };

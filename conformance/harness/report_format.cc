@@ -46,6 +46,7 @@ std::string to_json(const std::vector<BackendReport>& reports, const RunOptions&
         mj["warnings"].push_back({{"tensor", w.tensor}, {"read", w.read}, {"message", w.message}});
       }
       mj["memory_bytes"] = m.memory_bytes;
+      mj["graph_replays"] = m.graph_replays;
       b["modes"][to_string(m.mode)] = mj;
     }
     j["backends"].push_back(b);

@@ -41,9 +41,9 @@
 // computes from the poison, deterministically. 0xFF in every byte is a NaN
 // for every floating dtype (float64/32/16, bfloat16, float8 e4m3fn and
 // e5m2) and -1 (or the maximum, unsigned) for integers. Quarantined bytes do
-// not count as live tensor bytes. CUDA: the caching allocator offers no hook
-// to keep a freed block from reuse, so the quarantine is CPU-only; on CUDA
-// the graph replay (python/reloadsafe/cuda_graph.py) catches such reads.
+// not count as live tensor bytes. CUDA has its own quarantine, on the caching
+// allocator's pools, for the protocol's graph step (Note [Device quarantine]
+// in conformance/harness/device_graph.h).
 //
 // Note [Reusing freed blocks]
 // A check runs the layer's post-processing and forward dozens of times with

@@ -109,6 +109,7 @@ class ModeReport:
     declared_reads: int
     undeclared_reads: int
     memory_bytes: list[int]
+    graph_replays: int
     error: str
     def clean(self) -> bool: ...
 
@@ -151,3 +152,5 @@ def to_table(reports: list[BackendReport]) -> str: ...
 def add_violation(
     report: BackendReport, mode: str, reload: int, tensor: str, what: str, before: str, after: str, read: str
 ) -> None: ...
+
+def cuda_unavailable_reason() -> str: ...

@@ -387,10 +387,13 @@ class _LayerSubject(_C.ReloadSubject):
             )
         return x.to(self.device)
 
-    def preflight(self) -> None:
+    def preflight(self, device_clean: bool = False) -> None:
         """Cold load, forward, reload, forward once in plain Python, so a
         broken step is reported as an exception naming the step, not as a
-        protocol error."""
+        protocol error (and, where the layer mixes devices, the tensors that
+        are not on the check's device). With
+        ``device_clean`` the same steps run once more with torch's default
+        device set to ``meta`` (Note [Device-clean layers])."""
         x = self.draw_input(0)
         layer = None
         step = "building the layer"
@@ -405,17 +408,86 @@ class _LayerSubject(_C.ReloadSubject):
             self.load_and_process(layer, self.draw_checkpoint(1))
             step = "forward after a reload"
             self.run_forward(layer, x)
+            if device_clean:
+                del layer
+                layer = self.new_layer()
+                self._device_clean(layer, x)
         except ReloadCheckError:
             raise
         except Exception as e:
+            stray = self._stray(layer, self.device) if layer is not None else ""
             raise ReloadCheckError(
-                f"check_reload: {self.name}: the {step} raised {type(e).__name__}: {e}. Fix that step "
-                f"of the layer, or the example input (shape {tuple(x.shape)}, {x.dtype}), before "
-                "checking reloads"
+                f"check_reload: {self.name}: the {step} raised {type(e).__name__}: {e}. "
+                + (f"The layer mixes devices: {stray}. " if stray else "")
+                + f"Fix that step of the layer, or the example input (shape {tuple(x.shape)}, "
+                f"{x.dtype}), before checking reloads"
             ) from e
         finally:
             del layer
             gc.collect()
+
+    # Note [Device-clean layers]
+    # A layer is device-clean when every tensor it makes in loading,
+    # post-processing and forward is made on the device of the weights it is
+    # given (device=w.device, torch.empty_like, w.new_zeros); one that calls
+    # torch.zeros(16, 64) without a device works on a CPU and breaks on a GPU
+    # ("Expected all tensors to be on the same device"). On a CPU machine the
+    # probe runs the steps with torch's default device set to meta: a tensor
+    # made without a device lands there, where the walk finds it by name (or
+    # an op mixing it with the CPU weights raises), while every tensor made
+    # from the weights stays on the CPU.
+
+    def _device_clean(self, layer: torch.nn.Module, x: torch.Tensor) -> None:
+        probe = torch.device("meta") if self.device.type == "cpu" else torch.device("cpu")
+        how = f"with torch's default device set to {probe.type} (a device-clean probe)"
+        step = f"load or post-processing {how}"
+        try:
+            with probe:
+                self.load_and_process(layer, self.first_checkpoint)
+                self._check_devices(layer, step, probe)
+                step = f"forward {how}"
+                self._check_output(self.run_forward(layer, x), step, probe)
+                self._check_devices(layer, step, probe)
+        except ReloadCheckError:
+            raise
+        except Exception as e:
+            stray = self._stray(layer, self.device)
+            raise ReloadCheckError(
+                f"check_reload: {self.name} is not device-clean: the {step} raised {type(e).__name__}: {e}"
+                + (f" ({stray})" if stray else "")
+                + ". Make every tensor on the device of the weights it comes from (device=w.device, "
+                "torch.empty_like(w), w.new_zeros(...)), never with torch's default device"
+            ) from e
+
+    def _stray(self, layer: torch.nn.Module, device: torch.device, on: bool = False) -> str:
+        """The non-empty tensors ``layer`` reaches that are not on
+        ``device`` (with ``on``: that are on ``device``), named."""
+        found = []
+        for n in named_tensors(layer):
+            t = n.tensor
+            if t.numel() > 0 and (t.device.type == device.type) == on:
+                found.append(f"'{n.name}' is on {t.device} ({_layout(t)})")
+        return "; ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+
+    def _check_devices(self, layer: torch.nn.Module, step: str, probe: torch.device) -> None:
+        """No tensor of ``layer`` is on ``probe``, the default device of a
+        device-clean probe: one that is was made without a device."""
+        stray = self._stray(layer, probe, on=True)
+        if stray:
+            raise ReloadCheckError(
+                f"check_reload: {self.name} is not device-clean: after the {step}, {stray}, but the "
+                f"weights are on {self.device}: make every tensor on the device of the weights it comes "
+                "from (device=w.device, torch.empty_like(w), w.new_zeros(...)), never with torch's "
+                "default device"
+            )
+
+    def _check_output(self, out: torch.Tensor, step: str, probe: torch.device) -> None:
+        if out.device.type == probe.type:
+            raise ReloadCheckError(
+                f"check_reload: {self.name} is not device-clean: the {step} returned a tensor on "
+                f"{out.device} ({_layout(out)}): the forward makes its output without a device; make "
+                "it on the input's or the weights' device"
+            )
 
 
 def _layout(t: torch.Tensor) -> str:
@@ -462,6 +534,7 @@ def check_reload(
     expect_violation: str | None = None,
     trace: bool = True,
     compare_state: bool = False,
+    device_clean: bool = False,
 ) -> ReloadReport:
     """Checks that reloading weights into a layer keeps every address a
     captured CUDA graph of its forward reads.
@@ -517,16 +590,24 @@ def check_reload(
     meta tensors get memory (on ``device``) when the checkpoint is loaded
     into them; one still on meta after loading is an error.
 
+    When a step raises and the layer mixes devices, the error names the
+    tensors that are not on ``device``, with the step. ``device_clean``
+    also runs load, post-processing and forward once with torch's default
+    device set to ``meta`` (on a CPU check), so a layer that would break on a
+    GPU because it makes a tensor without a device is named on a CPU.
+
     Bad input (not a module, a forward or load that raises, a layer without
     parameters, a load that changes shapes, a parameter that is not dense
     (mkldnn, sparse, quantized) with no ``make_checkpoint``, a tensor left on
     the meta device, ``reloads``/``seed`` that are not whole numbers) raises
     ``ReloadCheckError`` naming what to fix.
 
-    On CUDA (``device="cuda"``) the protocol runs on the device, and
-    additionally the forward is captured with ``torch.cuda.graph``, its
-    output poisoned before each replay, and the replay after every reload
-    compared with a fresh cold load.
+    On CUDA (``device="cuda"``) the protocol runs on the device, and its
+    graph step captures the forward as a CUDA graph once and replays it right
+    after every reload, with the graph's output and every device block freed
+    since the capture poisoned first; a replay that differs from a fresh cold
+    load is the violation ``cuda graph replay`` (the same C++ protocol as
+    ``reload_harness --device cuda``).
     """
     reloads = _whole_number("reloads", reloads, 1, example=10)
     seed = _whole_number("seed", seed, 0, example=1)
@@ -538,6 +619,8 @@ def check_reload(
         ) from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ReloadCheckError("check_reload: device='cuda' but torch.cuda.is_available() is False")
+    if dev.type == "cuda" and _C.cuda_unavailable_reason():
+        raise ReloadCheckError(f"check_reload: device='cuda', but {_C.cuda_unavailable_reason()}")
     with _collections_see_only_the_check():
         subject = _LayerSubject(
             layer, example_input, load, process, forward, make_checkpoint, modes, dev, name, undeclared,
@@ -545,7 +628,7 @@ def check_reload(
         )
         if compare_state:
             subject.state_comparison = StateComparison(subject, undeclared)
-        subject.preflight()
+        subject.preflight(device_clean=device_clean)
         options = _C.RunOptions()
         options.reloads = int(reloads)
         options.device = dev
@@ -554,10 +637,6 @@ def check_reload(
         report = _C.run_subject(subject, options)
         if subject.state_comparison is not None:
             subject.state_comparison.add_to(report)
-        if dev.type == "cuda":
-            from .cuda_graph import graph_replay_check
-
-            graph_replay_check(subject, report, reloads, seed)
     return ReloadReport(report, options)
 
 

@@ -5,6 +5,7 @@
 // and its table come from the same C++ code as the C++ harness's.
 #include "python/src/bindings.h"
 
+#include "conformance/harness/device_graph.h"
 #include "conformance/harness/harness.h"
 #include "conformance/harness/protocol.h"
 #include "conformance/harness/report_format.h"
@@ -167,6 +168,7 @@ void bind_protocol(py::module_& m) {
       .def_readonly("declared_reads", &ModeReport::declared_reads)
       .def_readonly("undeclared_reads", &ModeReport::undeclared_reads)
       .def_readonly("memory_bytes", &ModeReport::memory_bytes)
+      .def_readonly("graph_replays", &ModeReport::graph_replays)
       .def_readonly("error", &ModeReport::error)
       .def("clean", &ModeReport::clean);
 
@@ -203,6 +205,9 @@ void bind_protocol(py::module_& m) {
       .def("named_objects", &ReloadSubject::named_objects);
 
   m.def("run_subject", &harness::run_subject, py::arg("subject"), py::arg("options"));
+  m.def("cuda_unavailable_reason", &harness::cuda_unavailable_reason,
+        "Empty when this extension can run the protocol on CUDA, else why not (built without "
+        "CUDA, or no device visible).");
   m.def("to_json", &harness::to_json, py::arg("reports"), py::arg("options"));
   m.def("to_table", &harness::to_table, py::arg("reports"));
   m.def("add_violation", &add_violation, py::arg("report"), py::arg("mode"), py::arg("reload"),

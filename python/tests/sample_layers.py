@@ -73,7 +73,7 @@ class RowPadding(torch.nn.Module):
         self.weight = _param(16, 60)
 
     def process_weights_after_loading(self):
-        padded = torch.zeros(16, 64, dtype=self.weight.dtype).narrow(1, 0, 60)
+        padded = torch.zeros(16, 64, dtype=self.weight.dtype, device=self.weight.device).narrow(1, 0, 60)
         padded.copy_(self.weight)
         keep_address(self.weight, padded)
 
@@ -132,7 +132,7 @@ class OnlineRequant(torch.nn.Module):
         scale = w.abs().max().clamp_min(1e-8) / 127.0
         keep_address(self.qweight, (w / scale).round().clamp(-127, 127).to(torch.int8))
         refill(self, "w_scale", scale.reshape(1))
-        self.weight.data = torch.empty(0, dtype=w.dtype)  # release the source
+        self.weight.data = torch.empty(0, dtype=w.dtype, device=w.device)  # release the source
 
     def forward(self, x):
         return torch.mm(x, self.qweight.float().t()) * self.w_scale
@@ -151,7 +151,7 @@ class EmptiedWeight(torch.nn.Module):
 
     def process_weights_after_loading(self):
         keep_address(self.weight, self.weight - self.zero_point)
-        keep_address(self.zero_point, torch.empty(0, dtype=self.zero_point.dtype))
+        keep_address(self.zero_point, self.zero_point.new_empty(0))
 
     def forward(self, x):
         return torch.mm(x, self.weight.t())

@@ -154,7 +154,7 @@ def test_bad_arguments():
         check_reload(sl.Transposed, [1, 2, 3])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch.cuda.is_available() is False)")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: torch.cuda.is_available() is False")
 @pytest.mark.parametrize("cls", sl.SAMPLES + sl.NEGATIVE_CONTROLS, ids=lambda c: c.__name__)
 def test_cuda_graph_replay(cls):
     report = _check(cls, device="cuda")
@@ -163,6 +163,55 @@ def test_cuda_graph_replay(cls):
         assert report.ok, report.table()
     else:
         assert not report.ok
+    for mode in report.to_dict()["modes"].values():
+        assert mode["graph_replays"] == RELOADS, report.table()  # the protocol's graph step ran
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: torch.cuda.is_available() is False")
+def test_cuda_graph_replay_of_a_rebuilt_tensor_is_stale_on_every_reload():
+    # Note [Device quarantine]: the block a reload frees is never handed back
+    # to the rebuilt tensor, so the captured graph reads poison every time.
+    report = _check(sl.RebuiltScale, device="cuda", trace=False)
+    for mode in report.to_dict()["modes"].values():
+        stale = [v for v in mode["violations"] if v["tensor"] == "cuda graph replay"]
+        assert len(stale) == RELOADS, report.table()
+
+
+@pytest.mark.parametrize("cls", sl.SAMPLES + sl.NEGATIVE_CONTROLS, ids=lambda c: c.__name__)
+def test_sample_layers_are_device_clean(cls):
+    # Note [Device-clean layers]: a tensor made without a device lands on
+    # meta in the probe and is named; these must all pass it.
+    check_reload(cls, _input(cls), reloads=1, modes=("normal",), device_clean=True, trace=False)
+
+
+class _PadsWithoutADevice(sl.RowPadding):
+    def process_weights_after_loading(self):
+        padded = torch.zeros(16, 64, dtype=self.weight.dtype).narrow(1, 0, 60)  # no device
+        padded.copy_(self.weight)
+        sl.keep_address(self.weight, padded)
+
+
+class _ScaleWithoutADevice(sl.Transposed):
+    def process_weights_after_loading(self):
+        super().process_weights_after_loading()
+        self.col_scale = torch.ones(self.weight.shape[0])  # no device
+
+    def forward(self, x):
+        return super().forward(x) * self.col_scale
+
+
+def test_a_layer_that_makes_a_tensor_without_a_device_is_named_on_a_cpu():
+    x = _input(sl.RowPadding)
+    check_reload(sl.RowPadding, x, reloads=1, modes=("direct",), device_clean=True)  # the fixed layer
+    with pytest.raises(ReloadCheckError, match=r"_PadsWithoutADevice is not device-clean: the load or post-processing"):
+        check_reload(_PadsWithoutADevice, x, reloads=1, modes=("direct",), device_clean=True)
+    check_reload(_PadsWithoutADevice, x, reloads=1, modes=("direct",))  # passes on a CPU without the probe
+
+
+def test_a_tensor_made_without_a_device_is_named_with_its_step():
+    x = _input(sl.Transposed)
+    with pytest.raises(ReloadCheckError, match=r"not device-clean: after the load or post-processing .* 'col_scale' is on meta"):
+        check_reload(_ScaleWithoutADevice, x, reloads=1, device_clean=True)
 
 
 def test_raise_for_violations_carries_the_table_and_the_report():
