@@ -28,7 +28,7 @@ VENV="$CACHE/venv"
 TOP="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 APT_PACKAGES=(bazel-bootstrap bazel-rules-java libgtest-dev libgmock-dev
   librapidcheck-dev libbenchmark-dev nlohmann-json3-dev python3 python3-venv python3-dev clang-14 libclang-rt-14-dev
-  clang-format-14)
+  clang-format-14 patchelf)
 
 say() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }

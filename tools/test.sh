@@ -26,6 +26,10 @@
 # 7. Lint (tools/lint.sh: clang-format, ruff, mypy) and the fast tests of the
 #    trace, the census, the capture and the utilities under AddressSanitizer
 #    and UBSan (--config=asan, its own output folders). Areas `lint`, `asan`.
+# 8. The GPU bundle as a GPU machine would start it (tools/gpu_bundle_test.py):
+#    built, copied outside the checkout, gpu_check.sh --no-gpu with nothing of
+#    Bazel's in its environment; every part starts and each GPU test skips
+#    for want of a device. Area `gpu-bundle`.
 # The summary ends with the torch versions the tests recorded.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -69,6 +73,14 @@ bazel test --config=asan "$@" "${asan_targets[@]}" || status=$?
 testlogs_asan="$(readlink -f bazel-testlogs)"
 newest_results+=(--junit "lint=$lint_xml" --testlogs "asan=$testlogs_asan")
 # --- end of 7 -------------------------------------------------------------------
+
+# --- 8: the GPU bundle, started as on a GPU machine ------------------------------
+echo "[test] GPU bundle: tools/gpu_bundle.sh --fast, gpu_check.sh --no-gpu outside the checkout"
+bundle_xml="$(dirname "$pytest_xml")/gpu-bundle.xml"
+cache="${RELOADSAFE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/reloadsafe}"
+"$cache/venv/bin/python" -m pytest -q -p no:cacheprovider tools/gpu_bundle_test.py --junitxml="$bundle_xml" || status=$?
+newest_results+=(--junit "gpu-bundle=$bundle_xml")
+# --- end of 8 -------------------------------------------------------------------
 
 tools/summarize_tests.py --pytest-xml "python=$pytest_xml" --junit "tsan=$tsan_xml" "${newest_results[@]}" "$testlogs" || status=$?
 exit $status

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Builds reloadsafe's Python extension (reloadsafe._C) inside an unpacked GPU
+# bundle, for a Python the bundle's prebuilt extension was not built for: the
+# binding sources are compiled against that Python's headers and its torch,
+# then linked with the core's objects, which tools/gpu_bundle.sh compiled
+# (they do not depend on the Python version). Needs a C++ compiler, that
+# Python's headers and its torch; no Bazel.
+#
+#   ext/build_ext.sh PYTHON OUTPUT    # OUTPUT: .../reloadsafe/_C<EXT_SUFFIX>
+#
+# gpu_check.sh runs it when the bundle's extension does not match.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+[ $# -eq 2 ] || { echo "usage: build_ext.sh PYTHON OUTPUT" >&2; exit 2; }
+python="$1"
+output="$2"
+CXX="${CXX:-c++}"
+command -v "$CXX" >/dev/null || { echo "build_ext.sh: no C++ compiler ($CXX): install g++ or set CXX" >&2; exit 1; }
+# What this Python and its torch need: include folders, the C++ ABI and
+# standard, the libraries to link.
+eval "$("$python" - <<'PY'
+import glob, os, shlex, sysconfig
+import importlib.util
+spec = importlib.util.find_spec("torch")
+if spec is None:
+    raise SystemExit("echo 'build_ext.sh: this Python has no torch' >&2; exit 1")
+root = list(spec.submodule_search_locations)[0]
+inc = sysconfig.get_paths()["include"]
+if not os.path.exists(os.path.join(inc, "Python.h")):
+    raise SystemExit(f"echo 'build_ext.sh: no Python.h in {inc}: install this Python's headers (python3-dev)' >&2; exit 1")
+import re
+with open(os.path.join(root, "version.py")) as f:
+    found = re.search(r"^__version__\b.*?=\s*['\"](\d+)\.(\d+)", f.read(), re.M)
+if found is None:
+    raise SystemExit("echo 'build_ext.sh: cannot read the torch version from its version.py' >&2; exit 1")
+major, minor = int(found.group(1)), int(found.group(2))
+abi = "1"
+try:
+    import torch  # the ABI torch was built with
+    abi = str(int(torch._C._GLIBCXX_USE_CXX11_ABI))
+except Exception:
+    pass
+site = os.path.dirname(root)
+cudart = sorted(glob.glob(os.path.join(site, "nvidia", "cu*", "lib", "libcudart.so*")) +
+                glob.glob(os.path.join(site, "nvidia", "cuda_runtime", "lib", "libcudart.so*")))
+for k, v in {"PYINC": inc, "TORCH": root, "ABI": abi, "STD": "c++20" if (major, minor) >= (2, 14) else "c++17",
+             "CUDART": cudart[0] if cudart else ""}.items():
+    print(f"{k}={shlex.quote(v)}")
+PY
+)"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+flags=(-std="$STD" -O0 -fPIC -fvisibility=hidden -w -D_GLIBCXX_USE_CXX11_ABI="$ABI"
+  -I "$here/src" -isystem "$here/include" -isystem "$TORCH/include"
+  -isystem "$TORCH/include/torch/csrc/api/include" -isystem "$PYINC")
+pids=()
+for src in "$here"/src/python/src/*.cc; do
+  obj="$work/$(basename "$src" .cc).o"
+  echo "[build_ext] $CXX -c $(basename "$src")"
+  "$CXX" "${flags[@]}" -c "$src" -o "$obj" &
+  pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p"; done
+libs=(-L "$TORCH/lib" -ltorch_python -ltorch -ltorch_cpu -lc10)
+[ -e "$TORCH/lib/libtorch_cuda.so" ] && libs+=(-ltorch_cuda -lc10_cuda)
+[ -n "$CUDART" ] && libs+=("$CUDART")
+mkdir -p "$(dirname "$output")"
+mkdir "$work/core"
+tar -C "$work/core" -xzf "$here/objs.tar.gz"
+"$CXX" -shared -o "$output" "$work"/*.o "$work"/core/*.o -Wl,--no-as-needed "${libs[@]}" \
+  -Wl,-rpath,"$TORCH/lib" -Wl,--allow-shlib-undefined
+echo "[build_ext] $output"
