@@ -31,6 +31,7 @@ from .loading import (
     is_dense,
     load_checkpoint,
 )
+from .sleep import LEVELS, Caches, SleepWake, caches_emptied
 from .state import StateComparison
 from .walk import named_objects, named_tensors
 
@@ -175,6 +176,8 @@ class _LayerSubject(_C.ReloadSubject):
         self.memory_tolerance_bytes = _whole_number("memory_tolerance_bytes", memory_tolerance_bytes, 0, example=4096)
         self.example_input = example_input
         self.state_comparison: StateComparison | None = None  # compare_state=True
+        self.sleep_wake: SleepWake | None = None  # sleep=1 or 2
+        self.module_caches: Caches = {}
 
         probe = self.new_layer()
         n_weights = sum(1 for _ in probe.parameters()) + sum(1 for _ in probe.buffers())
@@ -245,6 +248,8 @@ class _LayerSubject(_C.ReloadSubject):
 
     def reload(self, mode: Any, ckpt: Checkpoint) -> None:
         assert self.live is not None
+        if self.sleep_wake is not None:
+            self.sleep_wake(self.live)  # sleep and wake, then the reload (sleep.py)
         self.load_and_process(self.live, ckpt)
         if self.state_comparison is not None:
             mode_name = "direct" if mode == _C.ReloadMode.direct else "normal"
@@ -290,7 +295,15 @@ class _LayerSubject(_C.ReloadSubject):
 
     def cold_forward(self, ckpt: Checkpoint, x: torch.Tensor) -> torch.Tensor:
         """The forward on ``x`` of a cold load of ``ckpt`` into a new layer."""
-        return self.run_forward(self.cold_loaded(ckpt), x)
+        return self.run_forward(self.aside_loaded(ckpt)[0], x)
+
+    def aside_loaded(self, ckpt: Checkpoint) -> tuple[torch.nn.Module, dict[str, dict[Any, Any]]]:
+        """A cold load made aside (a reference), with the module caches
+        emptied for it and put back after; also what the caches held at its
+        end (sleep.caches_emptied)."""
+        with caches_emptied(self.module_caches) as caches:
+            layer = self.cold_loaded(ckpt)
+        return layer, caches
 
     def cold_loaded(self, ckpt: Checkpoint) -> torch.nn.Module:
         """A new layer with ``ckpt`` loaded and post-processed, then put in
@@ -533,8 +546,10 @@ def check_reload(
     memory_tolerance_bytes: int = 0,
     expect_violation: str | None = None,
     trace: bool = True,
-    compare_state: bool = False,
     device_clean: bool = False,
+    compare_state: bool = False,
+    sleep: int | None = None,
+    module_caches: Caches | None = None,
 ) -> ReloadReport:
     """Checks that reloading weights into a layer keeps every address a
     captured CUDA graph of its forward reads.
@@ -581,6 +596,16 @@ def check_reload(
       (a stale derived tensor, a host number a graph bakes in, padding left
       from an earlier pass). State the forward makes is not compared.
 
+    ``sleep`` (1 or 2) puts the layer to sleep and wakes it before every
+    reload, as an engine's sleep mode does between RL steps
+    (reloadsafe/sleep.py): every storage the layer reaches is discarded in
+    place (floats NaN, integers 0), then wake restores the registered
+    buffers (level 2; level 1 the parameters too) from a host copy, and the
+    reload loads and post-processes. ``module_caches`` (``{"name": dict}``)
+    are module-level caches post-processing reads: slept with the layer,
+    compared by name under ``compare_state``, and emptied for every cold
+    load made aside.
+
     Returns a ``ReloadReport``; ``report.ok`` is the verdict and
     ``report.table()`` names every violation. ``expect_violation`` marks a
     negative control: the report is ok when that tensor name or read (op
@@ -626,6 +651,11 @@ def check_reload(
             layer, example_input, load, process, forward, make_checkpoint, modes, dev, name, undeclared,
             expect_violation, memory_tolerance_bytes,
         )
+        if sleep is not None:
+            if isinstance(sleep, bool) or sleep not in LEVELS:
+                raise ReloadCheckError(f"check_reload: sleep must be one of {LEVELS} or None, got {sleep!r}")
+            subject.sleep_wake = SleepWake(int(sleep), module_caches or {})
+        subject.module_caches = dict(module_caches or {})
         if compare_state:
             subject.state_comparison = StateComparison(subject, undeclared)
         subject.preflight(device_clean=device_clean)

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from ._loader import _C
 from .reference import direct_reload
+from .sleep import cache_tensors, caches_emptied
 from .walk import named_numbers, named_tensors
 
 __all__ = ["StateComparison", "StateDifference", "state_differences"]
@@ -77,21 +78,27 @@ def _tensor_difference(live: torch.Tensor, cold: torch.Tensor) -> str | None:
 
 
 def state_differences(
-    live: torch.nn.Module, cold: torch.nn.Module, skip: Iterable[str] = ()
+    live: torch.nn.Module,
+    cold: torch.nn.Module,
+    skip: Iterable[str] = (),
+    live_extra: Sequence[tuple[str, torch.Tensor]] = (),
+    cold_extra: Sequence[tuple[str, torch.Tensor]] = (),
 ) -> list[StateDifference]:
     """Every name ``live`` and ``cold`` both reach (tensors, then host
     numbers) whose value differs, in the order ``named_tensors`` and
-    ``named_numbers`` give them."""
+    ``named_numbers`` give them. ``live_extra`` and ``cold_extra`` are more
+    named tensors of each side (a module cache's)."""
     skipped = set(skip)
     out: list[StateDifference] = []
     cold_tensors = {n.name: n.tensor for n in named_tensors(cold)}
-    for n in named_tensors(live):
-        other = cold_tensors.get(n.name)
-        if other is None or n.name in skipped or n.tensor.numel() == 0 or n.tensor.is_meta:
+    cold_tensors.update(dict(cold_extra))
+    for name, t in [(n.name, n.tensor) for n in named_tensors(live)] + list(live_extra):
+        other = cold_tensors.get(name)
+        if other is None or name in skipped or t.numel() == 0 or t.is_meta:
             continue
-        diff = _tensor_difference(n.tensor, other)
+        diff = _tensor_difference(t, other)
         if diff is not None:
-            out.append(StateDifference(n.name, f"cold load {_layout(other)}", diff))
+            out.append(StateDifference(name, f"cold load {_layout(other)}", diff))
     cold_numbers = dict(named_numbers(cold))
     for name, value in named_numbers(live):
         if name in skipped or name not in cold_numbers:
@@ -129,11 +136,13 @@ class StateComparison:
     def reloaded(self, mode: str, live: torch.nn.Module, ckpt: Mapping[str, torch.Tensor]) -> None:
         self._reload += 1
         self._mode = mode
+        caches = self.subject.module_caches
         with direct_reload(False):
-            cold = self.subject.cold_loaded(ckpt)
-            differences = state_differences(live, cold, self.skip)
+            cold, cold_caches = self.subject.aside_loaded(ckpt)
+            differences = state_differences(
+                live, cold, self.skip, cache_tensors(caches), cache_tensors(cold_caches))
             if differences and self._not_idempotent is None:
-                self._not_idempotent = self._twice(ckpt, cold)
+                self._not_idempotent = self._twice(ckpt, cold, cold_caches)
         for d in differences:
             if d.name in self._named:
                 continue
@@ -145,14 +154,19 @@ class StateComparison:
             )
             self.findings.append((mode, self._reload, d.name, what, d.before, d.after))
 
-    def _twice(self, ckpt: Mapping[str, torch.Tensor], cold: torch.nn.Module) -> set[str]:
+    def _twice(self, ckpt: Mapping[str, torch.Tensor], cold: torch.nn.Module, cold_caches: Any) -> set[str]:
         """The names a fresh layer that loads ``ckpt`` twice holds otherwise
         than one that loads it once."""
-        layer = self.subject.new_layer()
-        self.subject.load_and_process(layer, ckpt)
-        layer.eval()
-        self.subject.load_and_process(layer, ckpt)
-        return {d.name for d in state_differences(layer, cold, self.skip)}
+        with caches_emptied(self.subject.module_caches) as twice_caches:
+            layer = self.subject.new_layer()
+            self.subject.load_and_process(layer, ckpt)
+            layer.eval()
+            self.subject.load_and_process(layer, ckpt)
+        return {
+            d.name
+            for d in state_differences(
+                layer, cold, self.skip, cache_tensors(twice_caches), cache_tensors(cold_caches))
+        }
 
     def add_to(self, report: Any) -> None:
         """Adds the findings to the protocol's report, as violations of

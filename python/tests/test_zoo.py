@@ -6,6 +6,7 @@ same-weights reload. A row the checker cannot catch yet is a strict xfail
 that names the missing capability."""
 from __future__ import annotations
 
+import difflib
 import pathlib
 import re
 
@@ -147,4 +148,7 @@ def test_docs_bug_zoo_md_is_what_the_zoo_gives_now():
         # The table and the tests agree on what is caught.
         assert row.caught == (not (row.bug.gap and row.bug.missing())), row.bug.id
         assert row.fixed_ok, row.bug.id
-    assert doc.read_text() == table.render(rows), "docs/bug-zoo.md is stale: run tools/gen_bug_zoo.sh"
+    have, want = doc.read_text(), table.render(rows)
+    diff = "\n".join(difflib.unified_diff(have.splitlines(), want.splitlines(), "committed", "generated now",
+                                          lineterm="", n=0))
+    assert have == want, f"docs/bug-zoo.md is stale: run tools/gen_bug_zoo.sh\n{diff}"

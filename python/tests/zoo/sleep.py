@@ -62,12 +62,14 @@ class DraftBuffersBuggy(torch.nn.Module):
         super().__init__()
         self.proj = param(N, K)
         self._drafter = [_Drafter()]  # the drafter sits beside the model, not in it
+        self._rope_ready = False
 
     def process_weights_after_loading(self):
-        d = self._drafter[0]
-        if d.cos_sin_cache.device != self.proj.device:
+        if not self._rope_ready:  # computed once, at the first load
+            d = self._drafter[0]
             d.to(self.proj.device)
-        d.cos_sin_cache.copy_(_rope_cache(K, self.proj.device))
+            d.cos_sin_cache.copy_(_rope_cache(K, self.proj.device))
+            self._rope_ready = True
 
     def _cache(self):
         return self._drafter[0].cos_sin_cache
@@ -82,7 +84,9 @@ class DraftBuffersFixed(DraftBuffersBuggy):
         self.drafter = self._drafter.pop()  # registered: its buffers are snapshotted too
 
     def process_weights_after_loading(self):
-        self.drafter.cos_sin_cache.copy_(_rope_cache(K, self.proj.device))
+        if not self._rope_ready:
+            self.drafter.cos_sin_cache.copy_(_rope_cache(K, self.proj.device))
+            self._rope_ready = True
 
     def _cache(self):
         return self.drafter.cos_sin_cache
@@ -224,25 +228,27 @@ _SLEEP = "needs sleep and wake (level 2) between reloads"
 
 BUGS = [
     Bug("Z18", "vLLM", "vllm-project/vllm#25800", "O2", "FP8 KV-cache scales lost by level-2 sleep",
-        ("_k_scale",), KvScaleAttrBuggy, KvScaleAttrFixed, (6, K), needs={"sleep": 2},
+        ("_k_scale",), KvScaleAttrBuggy, KvScaleAttrFixed, (6, K), needs={"sleep": 2, "compare_state": True},
         gap=f"{_SLEEP}: `_k_scale` is a plain attribute, outside what wake restores"),
     Bug("Z19", "vLLM", "vllm-project/vllm#49774", "O2", "draft-model buffers not saved across level-2 sleep",
-        ("cos_sin_cache",), DraftBuffersBuggy, DraftBuffersFixed, (6, K), needs={"sleep": 2},
+        ("cos_sin_cache",), DraftBuffersBuggy, DraftBuffersFixed, (6, K), needs={"sleep": 2, "compare_state": True},
         gap=f"{_SLEEP}: the drafter's buffers are not the model's"),
     Bug("Z20", "vLLM", "vllm-project/vllm#49695", "O4 (+F)", "global permute-index cache after sleep",
         ("_cache_permute_indices",), GlobalPermCacheBuggy, GlobalPermCacheFixed, (6, H),
-        needs={"sleep": 2, "module_caches": {"_cache_permute_indices": _cache_permute_indices}},
+        needs={"sleep": 2, "compare_state": True, "module_caches": {"_cache_permute_indices": _cache_permute_indices}},
         gap=f"{_SLEEP}, and the module-global cache named as one the check walks (post-processing reads it, "
             "the forward does not)"),
     Bug("Z24", "vLLM-Ascend", "vllm-project/vllm-ascend#13352", "O2", "dispatcher-owned expert ids lost on wake",
-        ("expert_ids_per_ep_rank",), DispatcherIdsBuggy, DispatcherIdsFixed, (6, K), needs={"sleep": 2},
+        ("expert_ids_per_ep_rank",), DispatcherIdsBuggy, DispatcherIdsFixed, (6, K), needs={"sleep": 2, "compare_state": True},
         gap=f"{_SLEEP}: the ids live on a plain object"),
     Bug("Z29", "SGLang", "sgl-project/sglang#28676", "O4", "module-global shuffle-index cache after pause/resume",
         ("_flashinfer_trtllm_shuffle_row_indices_cache_mxfp8",), ShuffleRowCacheBuggy, ShuffleRowCacheFixed, (6, H),
-        needs={"sleep": 2, "module_caches": {
+        needs={"sleep": 2, "compare_state": True, "module_caches": {
             "_flashinfer_trtllm_shuffle_row_indices_cache_mxfp8": _flashinfer_trtllm_shuffle_row_indices_cache_mxfp8}},
         gap=f"{_SLEEP}, and the module-global cache named as one the check walks"),
     Bug("Z30", "SGLang", "sgl-project/sglang#32718", "E", "capture-time kernel state discarded by pause",
-        ("meta",), CaptureStateBuggy, CaptureStateFixed, (6, K), needs={"sleep": 2},
-        gap=f"{_SLEEP}: the tile schedule is first-forward state on a kernel object"),
+        ("meta",), CaptureStateBuggy, CaptureStateFixed, (6, K),
+        needs={"sleep": 2, "compare_state": True, "compare_forward_state": True},
+        gap="with sleep=2 the value checks fail, but the tile schedule is state the first forward makes, which "
+            "compare_state does not compare (needs: the state after a forward compared with a cold load's)"),
 ]

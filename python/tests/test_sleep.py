@@ -1,0 +1,143 @@
+"""check_reload(sleep=1 or 2, module_caches=...): the layer sleeps and wakes
+before every reload, as an engine's sleep mode does; state outside what wake
+restores comes back as garbage and shows, by name with compare_state."""
+from typing import Any
+
+import pytest
+import torch
+
+import reloadsafe
+from reloadsafe import ReloadCheckError, check_reload
+from reloadsafe.sleep import caches_emptied, discard
+
+import sample_layers as sl
+
+X = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
+
+
+def _param(*shape):
+    return torch.nn.Parameter(torch.zeros(*shape), requires_grad=False)
+
+
+class ScaleAttribute(torch.nn.Module):
+    """A scale made at the first load as a plain attribute, never rewritten."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = _param(8, 16)
+        self.scale: Any = None
+
+    def process_weights_after_loading(self):
+        if self.scale is None:
+            self.scale = torch.full((1,), 0.5, device=self.weight.device)
+
+    def forward(self, x):
+        return torch.mm(x, self.weight.t()) * self.scale
+
+
+class ScaleBuffer(ScaleAttribute):
+    """The same scale as a registered buffer: wake restores it."""
+
+    def __init__(self):
+        super().__init__()
+        del self.scale
+        self.register_buffer("scale", torch.full((1,), 0.5))
+
+
+def _slice_loader(p, loaded):
+    p.data[:, :16].copy_(loaded[:, :16])
+
+
+class PaddedWeight(torch.nn.Module):
+    """A weight whose loader writes only the real columns; the pad is zero
+    from construction and read by the forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = _param(8, 20)
+        self.weight.weight_loader = _slice_loader
+
+    def forward(self, x):
+        return torch.mm(torch.nn.functional.pad(x, (0, 4), value=1.0), self.weight.t())
+
+
+_CACHE: dict = {}
+
+
+class GlobalCache(torch.nn.Module):
+    """Post-processing reads a permutation from a module-level cache."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = _param(8, 16)
+        self.register_buffer("permuted", torch.zeros(8, 16), persistent=False)
+
+    def process_weights_after_loading(self):
+        if "perm" not in _CACHE:
+            _CACHE["perm"] = torch.arange(15, -1, -1, device=self.weight.device)
+        self.permuted.copy_(self.weight.index_select(1, _CACHE["perm"]))
+
+    def forward(self, x):
+        return torch.mm(x, self.permuted.t())
+
+
+def test_state_outside_what_wake_restores_is_garbage_after_sleep():
+    assert check_reload(ScaleAttribute, X, reloads=3).ok
+    slept = check_reload(ScaleAttribute, X, reloads=3, sleep=2)
+    assert {"forward", "replay"} <= set(slept.flagged), slept.table()
+    named = check_reload(ScaleAttribute, X, reloads=3, sleep=2, compare_state=True)
+    assert "scale" in named.flagged, named.table()
+
+
+def test_registered_buffers_come_back_on_wake():
+    for level in (1, 2):
+        report = check_reload(ScaleBuffer, X, reloads=3, sleep=level, compare_state=True)
+        assert report.ok, report.table()
+
+
+def test_level_2_discards_what_the_loader_does_not_write_and_level_1_restores_it():
+    assert check_reload(PaddedWeight, X, reloads=3, sleep=1).ok
+    report = check_reload(PaddedWeight, X, reloads=3, sleep=2, compare_state=True)
+    assert "weight" in report.flagged and "forward" in report.flagged, report.table()
+
+
+def test_a_module_cache_is_slept_named_and_emptied_for_the_reference():
+    _CACHE.clear()
+    assert check_reload(GlobalCache, X, reloads=3, sleep=2).ok  # the check does not see the cache
+    report = check_reload(GlobalCache, X, reloads=3, sleep=2, compare_state=True,
+                          module_caches={"_CACHE": _CACHE})
+    assert "_CACHE['perm']" in report.flagged and "permuted" in report.flagged, report.table()
+    # The reference forward was right: the live forward is what differs.
+    assert "forward" in report.flagged
+
+
+@pytest.mark.parametrize("cls", sl.SAMPLES, ids=lambda c: c.__name__)
+def test_correct_layers_pass_after_sleep(cls):
+    x = torch.randn(*cls.input_shape, generator=torch.Generator().manual_seed(0))
+    modes = getattr(cls, "modes", reloadsafe.MODES)
+    report = check_reload(cls, x, reloads=3, modes=modes, sleep=2, compare_state=True)
+    assert report.ok, report.table()
+
+
+def test_discard_fills_the_whole_storage():
+    base = torch.arange(12, dtype=torch.float32)
+    view = base[2:5]
+    discard(view)
+    assert base.isnan().all()
+    ints = torch.arange(6)
+    discard(ints[1:2])
+    assert (ints == 0).all()
+
+
+def test_caches_emptied_puts_the_contents_back_and_says_what_the_block_left():
+    cache = {"a": torch.ones(1)}
+    with caches_emptied({"c": cache}) as seen:
+        assert cache == {}
+        cache["b"] = torch.zeros(1)
+    assert list(cache) == ["a"] and list(seen["c"]) == ["b"]
+
+
+@pytest.mark.parametrize("level", [0, 3, True, "2"])
+def test_sleep_takes_level_1_or_2(level):
+    with pytest.raises(ReloadCheckError, match="sleep must be one of"):
+        check_reload(ScaleBuffer, X, reloads=1, sleep=level)
