@@ -31,7 +31,7 @@ from .loading import (
     is_dense,
     load_checkpoint,
 )
-from .sleep import LEVELS, Caches, SleepWake, caches_emptied
+from .sleep import LEVELS, Caches, SleepWake, caches_emptied, discard
 from .state import StateComparison
 from .walk import named_objects, named_tensors
 
@@ -178,6 +178,7 @@ class _LayerSubject(_C.ReloadSubject):
         self.state_comparison: StateComparison | None = None  # compare_state=True
         self.sleep_wake: SleepWake | None = None  # sleep=1 or 2
         self.module_caches: Caches = {}
+        self.recreate_parameters = False
 
         probe = self.new_layer()
         n_weights = sum(1 for _ in probe.parameters()) + sum(1 for _ in probe.buffers())
@@ -250,6 +251,11 @@ class _LayerSubject(_C.ReloadSubject):
         assert self.live is not None
         if self.sleep_wake is not None:
             self.sleep_wake(self.live)  # sleep and wake, then the reload (sleep.py)
+        if self.recreate_parameters:
+            # As layerwise reload re-creates them: uninitialised memory, here
+            # a sentinel (NaN, integers -1), where the loader will not write.
+            for p in self.live.parameters():
+                discard(p, integer=-1)
         self.load_and_process(self.live, ckpt)
         if self.state_comparison is not None:
             mode_name = "direct" if mode == _C.ReloadMode.direct else "normal"
@@ -550,6 +556,7 @@ def check_reload(
     compare_state: bool = False,
     sleep: int | None = None,
     module_caches: Caches | None = None,
+    recreate_parameters: bool = False,
 ) -> ReloadReport:
     """Checks that reloading weights into a layer keeps every address a
     captured CUDA graph of its forward reads.
@@ -606,6 +613,12 @@ def check_reload(
     compared by name under ``compare_state``, and emptied for every cold
     load made aside.
 
+    ``recreate_parameters`` reloads the way layerwise reload does (vLLM's
+    ``reload_weights``): before each reload's load every parameter's storage
+    is filled with a sentinel (NaN, integers -1), as memory re-created
+    uninitialised would hold, so padding or any element the loader does not
+    write, and that only construction zeroed, shows.
+
     Returns a ``ReloadReport``; ``report.ok`` is the verdict and
     ``report.table()`` names every violation. ``expect_violation`` marks a
     negative control: the report is ok when that tensor name or read (op
@@ -656,6 +669,7 @@ def check_reload(
                 raise ReloadCheckError(f"check_reload: sleep must be one of {LEVELS} or None, got {sleep!r}")
             subject.sleep_wake = SleepWake(int(sleep), module_caches or {})
         subject.module_caches = dict(module_caches or {})
+        subject.recreate_parameters = bool(recreate_parameters)
         if compare_state:
             subject.state_comparison = StateComparison(subject, undeclared)
         subject.preflight(device_clean=device_clean)

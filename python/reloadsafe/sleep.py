@@ -85,9 +85,9 @@ def caches_emptied(caches: Caches) -> Iterator[dict[str, dict[Any, Any]]]:
             cache.update(saved[name])
 
 
-def discard(t: torch.Tensor) -> None:
+def discard(t: torch.Tensor, integer: int = 0) -> None:
     """Overwrites every element of ``t``'s whole storage, in place: NaN for
-    a floating or complex dtype, 0 otherwise."""
+    a floating or complex dtype, ``integer`` otherwise."""
     if t.numel() == 0 or t.is_meta:
         return
     storage = t.untyped_storage()
@@ -95,7 +95,7 @@ def discard(t: torch.Tensor) -> None:
     whole = torch.empty(0, dtype=t.dtype, device=t.device)
     whole.set_(storage, 0, (n,))
     with torch.no_grad():
-        whole.fill_(float("nan") if (t.is_floating_point() or t.is_complex()) else 0)
+        whole.fill_(float("nan") if (t.is_floating_point() or t.is_complex()) else integer)
 
 
 class SleepWake:
