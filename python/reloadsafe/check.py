@@ -32,7 +32,7 @@ from .loading import (
     load_checkpoint,
 )
 from .sleep import LEVELS, Caches, SleepWake, caches_emptied, discard
-from .state import StateComparison
+from .state import BakedNumbers, StateComparison
 from .walk import named_objects, named_tensors
 
 __all__ = ["check_reload", "ReloadReport", "MODES"]
@@ -179,6 +179,7 @@ class _LayerSubject(_C.ReloadSubject):
         self.sleep_wake: SleepWake | None = None  # sleep=1 or 2
         self.module_caches: Caches = {}
         self.recreate_parameters = False
+        self.baked_numbers: BakedNumbers | None = None  # host_numbers=True
 
         probe = self.new_layer()
         n_weights = sum(1 for _ in probe.parameters()) + sum(1 for _ in probe.buffers())
@@ -246,6 +247,8 @@ class _LayerSubject(_C.ReloadSubject):
         self.live = self.cold_loaded(ckpt)
         if self.state_comparison is not None:
             self.state_comparison.cold_loaded()
+        if self.baked_numbers is not None:
+            self.baked_numbers.cold_loaded()
 
     def reload(self, mode: Any, ckpt: Checkpoint) -> None:
         assert self.live is not None
@@ -260,6 +263,8 @@ class _LayerSubject(_C.ReloadSubject):
         if self.state_comparison is not None:
             mode_name = "direct" if mode == _C.ReloadMode.direct else "normal"
             self.state_comparison.reloaded(mode_name, self.live, ckpt)
+        if self.baked_numbers is not None:
+            self.baked_numbers.reloaded("direct" if mode == _C.ReloadMode.direct else "normal", self.live)
         gc.collect()  # storages kept only by reference cycles are freed before the census
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -268,6 +273,8 @@ class _LayerSubject(_C.ReloadSubject):
 
     def named_tensors(self) -> list[Any]:
         assert self.live is not None
+        if self.baked_numbers is not None:
+            self.baked_numbers.captured(self.live)  # the first walk after the warm-up is the baseline
         out = []
         for nt in named_tensors(self.live):
             declared = nt.tensor.numel() > 0 and nt.name not in self.undeclared
@@ -557,6 +564,7 @@ def check_reload(
     sleep: int | None = None,
     module_caches: Caches | None = None,
     recreate_parameters: bool = False,
+    host_numbers: bool = False,
 ) -> ReloadReport:
     """Checks that reloading weights into a layer keeps every address a
     captured CUDA graph of its forward reads.
@@ -619,6 +627,12 @@ def check_reload(
     uninitialised would hold, so padding or any element the loader does not
     write, and that only construction zeroed, shows.
 
+    ``host_numbers``: every ``int`` and ``float`` the module reaches (an
+    attribute, a kernel object's field) keeps the value it had when the
+    forward was captured; a reload that changes one is a violation named by
+    its attribute ("host number changed since the capture"): a CUDA graph
+    bakes such a number into its launch (reloadsafe/state.py).
+
     Returns a ``ReloadReport``; ``report.ok`` is the verdict and
     ``report.table()`` names every violation. ``expect_violation`` marks a
     negative control: the report is ok when that tensor name or read (op
@@ -670,6 +684,8 @@ def check_reload(
             subject.sleep_wake = SleepWake(int(sleep), module_caches or {})
         subject.module_caches = dict(module_caches or {})
         subject.recreate_parameters = bool(recreate_parameters)
+        if host_numbers:
+            subject.baked_numbers = BakedNumbers(undeclared)
         if compare_state:
             subject.state_comparison = StateComparison(subject, undeclared)
         subject.preflight(device_clean=device_clean)
@@ -681,6 +697,8 @@ def check_reload(
         report = _C.run_subject(subject, options)
         if subject.state_comparison is not None:
             subject.state_comparison.add_to(report)
+        if subject.baked_numbers is not None:
+            subject.baked_numbers.add_to(report)
     return ReloadReport(report, options)
 
 

@@ -35,7 +35,7 @@ from .reference import direct_reload
 from .sleep import cache_tensors, caches_emptied
 from .walk import named_numbers, named_tensors
 
-__all__ = ["StateComparison", "StateDifference", "state_differences"]
+__all__ = ["BakedNumbers", "StateComparison", "StateDifference", "state_differences"]
 
 # Floating values closer than this (relative and absolute) are equal: the
 # same arithmetic on the same checkpoint, in another order, may round apart.
@@ -171,5 +171,52 @@ class StateComparison:
     def add_to(self, report: Any) -> None:
         """Adds the findings to the protocol's report, as violations of
         their mode and reload."""
+        for mode, reload, name, what, before, after in self.findings:
+            _C.add_violation(report, mode, reload, name, what, before, after, "")
+
+
+class BakedNumbers:
+    """``check_reload(..., host_numbers=True)``: the host numbers (``int``,
+    ``float``) the layer reaches keep the values they had when the forward
+    was captured. A CUDA graph bakes a number a kernel takes as an argument
+    into its launch: a reload that changes one (an FP8 scale refreshed as a
+    Python float, right in eager mode) leaves the graph computing with the
+    old value. Each name that changes is a violation at the first reload
+    where it does, named by its attribute."""
+
+    def __init__(self, skip: Iterable[str]) -> None:
+        self.skip = set(skip)
+        self.findings: list[tuple[str, int, str, str, str, str]] = []
+        self._captured: dict[str, int | float] | None = None
+        self._reload = 0
+        self._named: set[str] = set()
+
+    def cold_loaded(self) -> None:
+        self._captured = None
+        self._reload = 0
+        self._named = set()
+
+    def captured(self, live: torch.nn.Module) -> None:
+        """The protocol takes its baseline (the first walk after the
+        warm-up): the numbers then are the captured ones."""
+        if self._captured is None:
+            self._captured = dict(named_numbers(live))
+
+    def reloaded(self, mode: str, live: torch.nn.Module) -> None:
+        self._reload += 1
+        if self._captured is None:
+            return
+        for name, value in named_numbers(live):
+            old = self._captured.get(name)
+            if old is None or name in self.skip or name in self._named or old == value:
+                continue
+            if isinstance(old, float) and math.isnan(old) and isinstance(value, float) and math.isnan(value):
+                continue
+            self._named.add(name)
+            self.findings.append((mode, self._reload, name,
+                                  "host number changed since the capture (a captured graph keeps the old value)",
+                                  repr(old), repr(value)))
+
+    def add_to(self, report: Any) -> None:
         for mode, reload, name, what, before, after in self.findings:
             _C.add_violation(report, mode, reload, name, what, before, after, "")

@@ -123,3 +123,29 @@ def test_nan_where_a_cold_load_has_numbers_is_said():
     live.w = torch.tensor([1.0, float("nan")])
     cold.w = torch.tensor([1.0, 2.0])
     assert state_differences(live, cold)[0].after == "1 NaN where a cold load has numbers"
+
+
+class EagerHostNumber(StaleHostNumber):
+    """The float refreshed by every post-processing: right in eager mode."""
+
+    def process_weights_after_loading(self):
+        self._k_scale_float = float(self.k_scale)
+
+
+class ConstantHostNumber(StaleHostNumber):
+    def process_weights_after_loading(self):
+        self._k_scale_float = 0.25
+
+
+def test_a_host_number_a_reload_changes_is_named_with_host_numbers():
+    plain = check_reload(EagerHostNumber, X, reloads=3, compare_state=True)
+    assert "_k_scale_float" not in plain.flagged  # it equals a cold load's
+    report = check_reload(EagerHostNumber, X, reloads=3, host_numbers=True)
+    found = _named(report, "_k_scale_float")
+    assert len(found) == 2 and all(v["reload"] == 1 for v in found), report.table()
+    assert found[0]["what"].startswith("host number changed since the capture")
+    assert float(found[0]["before"]) != float(found[0]["after"])
+
+
+def test_host_numbers_that_keep_their_value_pass():
+    assert check_reload(ConstantHostNumber, X, reloads=3, host_numbers=True).ok

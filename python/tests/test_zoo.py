@@ -7,6 +7,7 @@ that names the missing capability."""
 from __future__ import annotations
 
 import difflib
+import inspect
 import pathlib
 import re
 
@@ -135,6 +136,9 @@ def test_the_eager_fix_of_a_host_scale_is_still_a_graph_bug():
     report = check_reload(HostKvScaleEagerFix, bug.example_input, reloads=RELOADS)
     assert not report.ok
     assert "replay" in report.flagged and "forward" not in report.flagged, report.table()
+    if "host_numbers" in inspect.signature(check_reload).parameters:
+        named = check_reload(HostKvScaleEagerFix, bug.example_input, reloads=RELOADS, host_numbers=True)
+        assert "_k_scale_float" in named.flagged, named.table()
 
 
 def test_docs_bug_zoo_md_is_what_the_zoo_gives_now():
