@@ -32,7 +32,7 @@ from .loading import (
     load_checkpoint,
 )
 from .sleep import LEVELS, Caches, SleepWake, caches_emptied, discard
-from .state import BakedNumbers, StateComparison
+from .state import BakedNumbers, StateComparison, footprint_over_cold
 from .walk import named_objects, named_tensors
 
 __all__ = ["check_reload", "ReloadReport", "MODES"]
@@ -565,6 +565,7 @@ def check_reload(
     module_caches: Caches | None = None,
     recreate_parameters: bool = False,
     host_numbers: bool = False,
+    cold_footprint_tolerance_bytes: int | None = None,
 ) -> ReloadReport:
     """Checks that reloading weights into a layer keeps every address a
     captured CUDA graph of its forward reads.
@@ -602,7 +603,9 @@ def check_reload(
       a fresh cold load of the same checkpoint;
     - the checkpoint, the input and a canary are unchanged;
     - live tensor memory does not grow after the first reload (beyond
-      ``memory_tolerance_bytes``);
+      ``memory_tolerance_bytes``), and, with ``cold_footprint_tolerance_bytes``,
+      after no reload exceeds the cold load's by more than that (an extra
+      copy kept from the first reload on);
     - with ``compare_state``: every tensor and host number (``int``,
       ``float``) the module reaches holds what a cold load of the same
       checkpoint holds, by name (reloadsafe/state.py); one that does not is
@@ -699,6 +702,11 @@ def check_reload(
             subject.state_comparison.add_to(report)
         if subject.baked_numbers is not None:
             subject.baked_numbers.add_to(report)
+        if cold_footprint_tolerance_bytes is not None:
+            held = sum(t.numel() * t.element_size() for t in subject.first_checkpoint.values())
+            footprint_over_cold(report, _whole_number(
+                "cold_footprint_tolerance_bytes", cold_footprint_tolerance_bytes, 0, example=4096),
+                held if dev.type == "cpu" else 0)
     return ReloadReport(report, options)
 
 

@@ -35,7 +35,7 @@ from .reference import direct_reload
 from .sleep import cache_tensors, caches_emptied
 from .walk import named_numbers, named_tensors
 
-__all__ = ["BakedNumbers", "StateComparison", "StateDifference", "state_differences"]
+__all__ = ["BakedNumbers", "StateComparison", "StateDifference", "footprint_over_cold", "state_differences"]
 
 # Floating values closer than this (relative and absolute) are equal: the
 # same arithmetic on the same checkpoint, in another order, may round apart.
@@ -220,3 +220,25 @@ class BakedNumbers:
     def add_to(self, report: Any) -> None:
         for mode, reload, name, what, before, after in self.findings:
             _C.add_violation(report, mode, reload, name, what, before, after, "")
+
+
+def footprint_over_cold(report: Any, tolerance_bytes: int, checkpoint_bytes: int) -> None:
+    """``check_reload(..., cold_footprint_tolerance_bytes=N)``: the live
+    tensor bytes after every reload (the protocol's ``memory_bytes``) may
+    exceed the cold load's (its first entry, taken after the warm-up and
+    the capture) by at most ``N``. The protocol's own rule (no growth after
+    the first reload) passes a layer that keeps one extra copy from the first
+    reload on; this one does not. Violation ``memory``, at the first reload
+    over, per mode. ``checkpoint_bytes``: what the reload's checkpoint
+    itself holds where the census counts it (on the CPU), alive when a
+    reload is measured and not when the cold load is."""
+    for m in report.modes:
+        sizes = list(m.memory_bytes)
+        mode = m.mode  # "normal" or "direct"
+        for r, size in enumerate(sizes[1:], start=1):
+            size -= checkpoint_bytes
+            if size - sizes[0] > tolerance_bytes:
+                _C.add_violation(report, mode, r, "memory",
+                                 f"footprint after reload {r} exceeds the cold load's by {size - sizes[0]} bytes",
+                                 f"{sizes[0]} B after the cold load", f"{size} B after reload {r}", "")
+                break
