@@ -25,6 +25,8 @@ VALUE_CHECKS = {"forward", "replay"}
 
 def _check(bug, kind, reloads=RELOADS, **overrides):
     options = bug.check_options(kind)
+    if "device_clean" in inspect.signature(check_reload).parameters:
+        options["device_clean"] = True  # every pair must run as it is on a GPU too
     options.update(overrides)
     return check_reload(bug.layer(kind), bug.example_input, reloads=reloads, name=f"{bug.id} {kind}", **options)
 
