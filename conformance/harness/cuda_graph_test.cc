@@ -29,6 +29,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <string>
 
 namespace reloadsafe::harness {
 namespace {
@@ -44,32 +45,25 @@ struct GraphRun {
   int moved_addresses = 0;  // a captured tensor is no longer at its address
 };
 
-// Captures the backend's forward, then reloads and replays `reloads` times.
+// Captures the backend's forward with the protocol's graph step (its
+// quarantine included, Note [Device quarantine]), then reloads and replays
+// `reloads` times.
 GraphRun capture_and_reload(const Backend& backend, ReloadMode mode, int reloads) {
   const c10::Device cuda(c10::kCUDA, 0);
   ReloadSession session(backend, cuda, /*seed=*/1);
   at::Generator gen = at::detail::createCPUGenerator(7919);
   const at::Tensor x = at::randn(backend.input_shape(), gen, at::kFloat).to(cuda);
+  backend.forward(session.layer(), x);  // engines warm up before they capture
 
-  // What the graph reads, kept alive the way a running engine keeps them:
-  // the handles the forward used at capture time.
-  std::vector<std::pair<std::string, at::Tensor>> captured;
+  // Where the graph's tensors are, after the warm-up (state the first
+  // forward makes, a workspace, is part of the capture).
   std::map<std::string, const void*> captured_address;
-  for (const auto& [name, t] : session.kernel_visible()) {
-    captured.emplace_back(name, t.detach());
-    captured_address[name] = t.data_ptr();
-  }
+  for (const auto& [name, t] : session.kernel_visible()) captured_address[name] = t.data_ptr();
 
-  at::Tensor out;
-  at::cuda::CUDAGraph graph;
-  {
-    c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool());
-    out = backend.forward(session.layer(), x);  // warm-up and output buffer
-    graph.capture_begin();
-    out.copy_(backend.forward(session.layer(), x));
-    graph.capture_end();
-  }
-  at::cuda::device_synchronize();
+  const DeviceGraphCapture capture = device_graph_capture(c10::kCUDA);
+  TORCH_CHECK(capture != nullptr, cuda_unavailable_reason());
+  std::unique_ptr<CapturedDeviceGraph> graph =
+      capture(cuda, [&] { return backend.forward(session.layer(), x); });
 
   GraphRun run;
   for (int r = 1; r <= reloads; ++r) {
@@ -79,9 +73,7 @@ GraphRun capture_and_reload(const Backend& backend, ReloadMode mode, int reloads
       auto it = captured_address.find(name);
       if (it == captured_address.end() || it->second != t.data_ptr()) ++run.moved_addresses;
     }
-    out.zero_();  // a replay that writes nothing must not pass
-    graph.replay();
-    at::cuda::device_synchronize();
+    const at::Tensor out = graph->replay();  // the output is poisoned first
     ++run.replays;
     const at::Tensor expected = session.cold_forward(ckpt, x);
     if (!at::allclose(out, expected, 1e-4, 1e-4)) ++run.stale_replays;
@@ -132,38 +124,75 @@ struct Range {
   bool contains(uintptr_t p) const { return begin <= p && p < end; }
 };
 
+// What a scan of a graph's kernel nodes found, to say why it found no
+// pointer argument when it finds none.
+struct KernelScan {
+  std::vector<uintptr_t> pointers;  // pointer-sized arguments into live device memory
+  int nodes = 0, kernel_nodes = 0, params_failed = 0, no_function = 0, no_param_info = 0;
+  int pointer_sized = 0;
+  CUresult last_error = CUDA_SUCCESS;
+
+  std::string summary() const {
+    return std::to_string(nodes) + " nodes, " + std::to_string(kernel_nodes) + " kernel nodes, " +
+           std::to_string(params_failed) + " whose parameters could not be read, " +
+           std::to_string(no_function) + " without a function, " + std::to_string(no_param_info) +
+           " without parameter info, " + std::to_string(pointer_sized) +
+           " pointer-sized arguments; last driver error " + std::to_string(last_error);
+  }
+};
+
 // Every pointer-sized kernel argument of `graph` that points into a live
 // device allocation.
-std::vector<uintptr_t> kernel_pointer_arguments(const Driver& driver, cudaGraph_t graph) {
+KernelScan kernel_pointer_arguments(const Driver& driver, cudaGraph_t graph) {
+  KernelScan scan;
   size_t n = 0;
   EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &n), cudaSuccess);
   std::vector<cudaGraphNode_t> nodes(n);
   EXPECT_EQ(cudaGraphGetNodes(graph, nodes.data(), &n), cudaSuccess);
-  std::vector<uintptr_t> pointers;
+  scan.nodes = static_cast<int>(n);
   for (cudaGraphNode_t node : nodes) {
     cudaGraphNodeType type{};
     if (cudaGraphNodeGetType(node, &type) != cudaSuccess || type != cudaGraphNodeTypeKernel)
       continue;
+    ++scan.kernel_nodes;
     CUDA_KERNEL_NODE_PARAMS_v2 params{};
-    if (driver.kernel_node_params(reinterpret_cast<CUgraphNode>(node), &params) != CUDA_SUCCESS)
+    if (CUresult r = driver.kernel_node_params(reinterpret_cast<CUgraphNode>(node), &params);
+        r != CUDA_SUCCESS) {
+      ++scan.params_failed;
+      scan.last_error = r;
       continue;
+    }
     CUfunction func = params.func;
-    if (func == nullptr && params.kern != nullptr) driver.kernel_function(&func, params.kern);
-    if (func == nullptr || params.kernelParams == nullptr) continue;
+    if (func == nullptr && params.kern != nullptr) {
+      if (CUresult r = driver.kernel_function(&func, params.kern); r != CUDA_SUCCESS) {
+        scan.last_error = r;
+      }
+    }
+    if (func == nullptr || params.kernelParams == nullptr) {
+      ++scan.no_function;
+      continue;
+    }
     for (size_t i = 0;; ++i) {
       size_t offset = 0, size = 0;
-      if (driver.param_info(func, i, &offset, &size) != CUDA_SUCCESS) break;
+      if (CUresult r = driver.param_info(func, i, &offset, &size); r != CUDA_SUCCESS) {
+        if (i == 0) {
+          ++scan.no_param_info;
+          scan.last_error = r;
+        }
+        break;
+      }
       if (size != sizeof(void*)) continue;
+      ++scan.pointer_sized;
       uintptr_t value = 0;
       std::memcpy(&value, params.kernelParams[i], sizeof(value));
       CUdeviceptr start = 0;
       if (value != 0 && driver.pointer_attribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
                                                  static_cast<CUdeviceptr>(value)) == CUDA_SUCCESS) {
-        pointers.push_back(value);
+        scan.pointers.push_back(value);
       }
     }
   }
-  return pointers;
+  return scan;
 }
 
 class CudaGraphReload : public ::testing::Test {
@@ -202,8 +231,13 @@ TEST_F(CudaGraphReload, NegativeControlsAreCaughtByStaleReplayOutput) {
       SCOPED_TRACE(backend->name() + std::string(" ") + to_string(mode));
       GraphRun run = capture_and_reload(*backend, mode, reloads);
       total_replays += run.replays;
-      EXPECT_EQ(run.stale_replays, run.replays) << "every replay must read the stale tensor";
-      EXPECT_GT(run.moved_addresses, 0);
+      // Two controls break no value a replay computes: a leak, and a scratch
+      // workspace the graph writes before it reads it (the trace flags both).
+      // Every other one reads a stale tensor on every replay, with the
+      // quarantine, not only when the allocator hands out another block.
+      const bool value_visible =
+          backend->name() != "neg_leak" && backend->name() != "neg_workspace_per_reload";
+      EXPECT_EQ(run.stale_replays, value_visible ? run.replays : 0);
     }
   }
   RecordProperty("replays", total_replays);
@@ -215,6 +249,7 @@ TEST_F(CudaGraphReload, KernelArgumentsPointIntoTheTracedReadSetOrTheGraphPool) 
   const std::string missing = driver.load();
   if (!missing.empty()) GTEST_SKIP() << "the CUDA driver lacks " << missing;
   int kernels_checked = 0;
+  std::string scans;  // what each backend's scan found, for the failure message
   for (const auto& backend : BackendRegistry::instance().create_all()) {
     if (backend->negative_control() || backend->cpu_only()) continue;
     SCOPED_TRACE(backend->name());
@@ -256,7 +291,9 @@ TEST_F(CudaGraphReload, KernelArgumentsPointIntoTheTracedReadSetOrTheGraphPool) 
                          [&](const Range& r) { return r.contains(p); });
     };
     std::set<uintptr_t> unexplained;
-    for (uintptr_t p : kernel_pointer_arguments(driver, graph.raw_cuda_graph())) {
+    const KernelScan scan = kernel_pointer_arguments(driver, graph.raw_cuda_graph());
+    scans += backend->name() + ": " + scan.summary() + "\n";
+    for (uintptr_t p : scan.pointers) {
       ++kernels_checked;
       if (in(traced, p) || in(pool, p)) continue;
       EXPECT_FALSE(in(layer_tensors, p))
@@ -267,7 +304,7 @@ TEST_F(CudaGraphReload, KernelArgumentsPointIntoTheTracedReadSetOrTheGraphPool) 
     RecordProperty(backend->name() + "_unexplained_pointers", static_cast<int>(unexplained.size()));
   }
   RecordProperty("pointer_arguments_checked", kernels_checked);
-  EXPECT_GT(kernels_checked, 0) << "no kernel node with a pointer argument was found";
+  EXPECT_GT(kernels_checked, 0) << "no kernel node with a pointer argument was found:\n" << scans;
 }
 
 TEST_F(CudaGraphReload, HarnessPassesOnCudaAndReplaysTheGraphAfterEveryReload) {
@@ -287,8 +324,8 @@ TEST_F(CudaGraphReload, HarnessPassesOnCudaAndReplaysTheGraphAfterEveryReload) {
 }
 
 // Note [Device quarantine]: a block freed after the capture is never handed
-// back, so a graph that reads it reads poison on every replay, whatever the
-// caching allocator would have done.
+// back, so a graph that reads it reads the zeroed block on every replay,
+// whatever the caching allocator would have done.
 TEST_F(CudaGraphReload, AGraphReadingAFreedTensorReadsPoisonOnEveryReplay) {
   const c10::Device cuda(c10::kCUDA, 0);
   const DeviceGraphCapture capture = device_graph_capture(c10::kCUDA);
@@ -303,7 +340,8 @@ TEST_F(CudaGraphReload, AGraphReadingAFreedTensorReadsPoisonOnEveryReplay) {
     weight = at::ones({1 << 16}, options);
     EXPECT_NE(weight.data_ptr(), captured) << "the freed block was handed back";
     const at::Tensor out = graph->replay();
-    EXPECT_TRUE(at::isnan(out).all().item<bool>()) << "the replay read something other than poison";
+    EXPECT_TRUE(at::equal(out, at::zeros_like(out)))
+        << "the replay read something other than poison";
   }
 }
 

@@ -11,11 +11,12 @@
 // destroyed, no device block that is free, or freed later, is handed out
 // again: every allocation on the device goes to a pool of its own. Before
 // each replay every free block of the device's default pool, where the
-// captured layer's tensors live, is filled with 0xff bytes (NaN in every
-// float format, -1 in every integer one), and so is the graph's output. A
-// replay that reads an address a reload abandoned therefore reads poison on
-// every reload, never a block the allocator happened to hand back to the
-// rebuilt tensor. Nothing here resizes, moves or writes a live tensor.
+// captured layer's tensors live, is zeroed (zeros keep a stale index read in
+// bounds, where 0xff would trip a device-side assert), and the graph's
+// output is filled with NaN (or -1). A replay that reads an address a reload
+// abandoned therefore reads zeros on every reload, never a block the
+// allocator happened to hand back to the rebuilt tensor. Nothing here
+// resizes, moves or writes a live tensor.
 //
 // The CUDA implementation (device_graph_cuda.cc) is linked only where the
 // CUDA Toolkit was found at build time; it registers itself when its
@@ -37,7 +38,7 @@ class CapturedDeviceGraph {
  public:
   virtual ~CapturedDeviceGraph() = default;
 
-  /// Poisons the graph's output and every free block of the device's
+  /// Poisons the graph's output, zeroes every free block of the device's
   /// default pool, replays the graph, waits for it and returns a copy of its
   /// output (on the device).
   virtual at::Tensor replay() = 0;

@@ -8,6 +8,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -21,8 +22,9 @@ namespace {
 
 namespace allocator = c10::cuda::CUDACachingAllocator;
 
-// The poison a replay must not take for weights: NaN for floating outputs,
-// the largest value for integers, the flipped value for booleans.
+// The graph's output before a replay: NaN for floating outputs, -1 for
+// integers, the flipped value for booleans, so a replay that writes nothing
+// cannot pass.
 void poison_output(at::Tensor& out) {
   if (at::isFloatingType(out.scalar_type()) || at::isComplexType(out.scalar_type())) {
     out.fill_(std::numeric_limits<double>::quiet_NaN());
@@ -39,16 +41,23 @@ void poison_output(at::Tensor& out) {
 // allocator's "allocate to pool", the mechanism graph capture itself uses,
 // with a filter that accepts every stream). Blocks freed meanwhile go back
 // to the default pool, which nothing allocates from any more, so they stay
-// as the reload left them until poison_free_blocks() fills them with 0xff.
-// Without this the allocator hands a freed block straight back to the
-// tensor a reload rebuilds, and a stale replay reads the right values by
-// luck (measured on an H200: 2 of 5 reloads).
+// as the reload left them until poison_free_blocks() zeroes them. Without
+// this the allocator hands a freed block straight back to the tensor a
+// reload rebuilds, and a stale replay reads the right values by luck
+// (measured on an H200: 2 of 5 reloads).
+//
+// The poison is zero bytes, not the CPU quarantine's 0xff: a stale read of
+// an index tensor (a sort permutation, a gather's indices) must stay in
+// bounds. On the CPU an index out of range is an exception; on a GPU it is a
+// device-side assert that ends every later use of the device in the
+// process (seen on the H200 with neg_lazy_sort's gather).
 class CudaGraph final : public CapturedDeviceGraph {
  public:
   CudaGraph(const c10::Device& device, const std::function<at::Tensor()>& forward)
-      : device_(device), guard_(device) {
-    c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device.index());
-    c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(device.index());
+      : index_(device.has_index() ? device.index() : c10::cuda::current_device()),
+        guard_(c10::Device(c10::kCUDA, index_)) {
+    c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, index_);
+    c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(index_);
     {
       c10::cuda::CUDAStreamGuard on_side(side);
       side.synchronize();
@@ -74,14 +83,14 @@ class CudaGraph final : public CapturedDeviceGraph {
                 out_.defined() ? out_.device().str() : std::string("undefined"),
                 "): the graph step compares the forward's output, which must be on the device");
     pool_ = at::cuda::graph_pool_handle();
-    allocator::beginAllocateToPool(device_.index(), pool_, [](cudaStream_t) { return true; });
+    allocator::beginAllocateToPool(index_, pool_, [](cudaStream_t) { return true; });
   }
 
   ~CudaGraph() override {
     try {
       at::cuda::device_synchronize();
-      allocator::endAllocateToPool(device_.index(), pool_);
-      allocator::releasePool(device_.index(), pool_);
+      allocator::endAllocateToPool(index_, pool_);
+      allocator::releasePool(index_, pool_);
     } catch (...) {
     }
   }
@@ -95,24 +104,24 @@ class CudaGraph final : public CapturedDeviceGraph {
   }
 
  private:
-  // Fills every free block of the device's default pool with 0xff bytes.
+  // Zeroes every free block of the device's default pool.
   void poison_free_blocks() {
     at::cuda::device_synchronize();
-    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(index_).stream();
     for (const auto& segment : allocator::snapshot({0, 0}, /*include_traces=*/false).segments) {
-      if (segment.device != device_.index()) continue;
+      if (segment.device != index_) continue;
       if (segment.owner_private_pool_id != c10::MempoolId_t{0, 0}) continue;
       uintptr_t at = segment.address;
       for (const auto& block : segment.blocks) {
         if (!block.allocated && !block.active) {
-          C10_CUDA_CHECK(cudaMemsetAsync(reinterpret_cast<void*>(at), 0xff, block.size, stream));
+          C10_CUDA_CHECK(cudaMemsetAsync(reinterpret_cast<void*>(at), 0, block.size, stream));
         }
         at += block.size;
       }
     }
   }
 
-  c10::Device device_;
+  c10::DeviceIndex index_;  // the device, "cuda" resolved to the current one
   c10::cuda::CUDAGuard guard_;
   at::cuda::CUDAGraph graph_;
   at::Tensor out_;

@@ -38,6 +38,9 @@ class ViolationSink {
   ViolationSink(ModeReport& report, int max_listed) : report_(report), max_listed_(max_listed) {}
 
   void add(Violation v) {
+    for (std::string* text : {&v.tensor, &v.what, &v.before, &v.after, &v.read}) {
+      *text = valid_utf8(std::move(*text));
+    }
     ++report_.violation_count;
     flag(v.tensor);
     flag(v.read);
@@ -199,7 +202,7 @@ class ModeRun {
       check_memory();
     } catch (const std::exception& e) {
       const std::string what = e.what();
-      report_.error = what.substr(0, what.find('\n'));
+      report_.error = valid_utf8(what.substr(0, what.find('\n')));
     }
     try {
       subject_.release();

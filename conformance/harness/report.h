@@ -65,6 +65,12 @@ struct ModeReport {
   bool clean() const { return error.empty() && violation_count == 0; }
 };
 
+/// `text` as valid UTF-8: every byte that does not belong to a well-formed
+/// sequence becomes '?'. Messages from libraries can carry raw bytes (c10
+/// prints a DeviceIndex of -1 as the byte 0xff); a report's strings go to
+/// JSON and to Python, which both need UTF-8.
+std::string valid_utf8(std::string text);
+
 struct BackendReport {
   std::string name;
   std::string description;

@@ -51,7 +51,9 @@ std::string to_json(const std::vector<BackendReport>& reports, const RunOptions&
     }
     j["backends"].push_back(b);
   }
-  return j.dump(2);
+  // A message that carries raw bytes (a library's error text) is written with
+  // U+FFFD in their place rather than stopping the report.
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 std::string to_table(const std::vector<BackendReport>& reports) {
