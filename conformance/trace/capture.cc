@@ -254,7 +254,10 @@ std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
              missing.substr(0, missing.find('\n')) + ")";
       return std::nullopt;
     }
-    call.op.callBoxed(stack);
+    {
+      const ReplayState state(call.state);  // autocast, grad and inference mode as captured
+      call.op.callBoxed(stack);
+    }
     for (size_t k = 0; k < call.outputs.size() && k < stack.size(); ++k) {
       remember(call.outputs[k], stack[k]);
     }

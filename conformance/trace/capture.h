@@ -15,6 +15,10 @@
 //  - replay(): what do the captured ops compute from the held tensors now?
 //    After a reload that moved a tensor, the held copy is the stale one, so
 //    the result differs from a fresh load: the evidence a GPU replay gives.
+//    Each op runs under the thread-local state it ran under at capture
+//    (CallState in read_trace.h: autocast, grad and inference mode), so a
+//    forward that enters autocast replays as it ran, whatever the replaying
+//    thread's state.
 //  - replays_as(): did the retrace make exactly the captured calls, so that
 //    a replay would compute what the retraced forward just did?
 //

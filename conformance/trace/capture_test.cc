@@ -1,6 +1,7 @@
 #include "conformance/trace/capture.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
@@ -362,6 +363,33 @@ TEST(CapturedForward, RandomOpsAreNotReplayedAndSaySo) {
   std::string why;
   EXPECT_FALSE(capture.replay(&why).has_value());
   EXPECT_NE(why.find("random"), std::string::npos) << why;
+}
+
+// A forward that enters autocast (or inference mode) inside: the replay,
+// run by a thread outside it, runs each op under the state it ran under.
+TEST(CapturedForward, AnOpReplaysUnderTheAutocastItRanUnder) {
+  const at::Tensor w = at::randn({8, 4});
+  const at::Tensor x = at::randn({2, 4});
+  auto forward = [&] {
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    at::Tensor out = at::mm(x, w.t());
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+    return out;
+  };
+  CapturedForward capture(forward);
+  const at::Tensor live = forward();
+  ASSERT_EQ(live.scalar_type(), at::kBFloat16);
+  at::autocast::set_autocast_dtype(at::kCPU, at::kHalf);  // the replaying thread's own
+  std::string why;
+  auto replayed = capture.replay(&why);
+  ASSERT_TRUE(replayed.has_value()) << why;
+  EXPECT_EQ(replayed->scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(at::equal(*replayed, live));
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU))
+      << "the replay put the thread's state back";
+  EXPECT_EQ(at::autocast::get_autocast_dtype(at::kCPU), at::kHalf);
+  at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
 }
 
 TEST(CapturedForward, AForwardThatThrowsLeavesNothingRecording) {

@@ -20,6 +20,7 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <ATen/autocast_mode.h>
 #include <ATen/core/function.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
@@ -697,8 +698,43 @@ void ReadTrace::end_call(const c10::OperatorHandle& op, const c10::FunctionSchem
   }
   if (options_.hold_arguments && depth_ == 0) {
     held_.push_back(HeldCall{op, std::move(progress.held_inputs),
-                             std::vector<c10::IValue>(stack.end() - num_returns, stack.end())});
+                             std::vector<c10::IValue>(stack.end() - num_returns, stack.end()),
+                             CallState::current()});
   }
+}
+
+CallState CallState::current() {
+  CallState state;
+  state.keys = c10::impl::tls_local_dispatch_key_set();
+  // Inside the fallback the trace's key is excluded, and included while a
+  // trace runs: neither is the traced code's state.
+  state.keys.included_ = state.keys.included_.remove(kTraceKey);
+  state.keys.excluded_ = state.keys.excluded_.remove(kTraceKey);
+  state.autograd = c10::AutogradState::get_tls_state();
+  state.autocast_cpu = at::autocast::get_autocast_dtype(at::kCPU);
+  state.autocast_cuda = at::autocast::get_autocast_dtype(at::kCUDA);
+  return state;
+}
+
+ReplayState::ReplayState(const CallState& state) : previous_(CallState::current()) {
+  // The current trace key membership is kept: a replay run while a trace is
+  // active stays as visible (or not) to it as before.
+  c10::impl::LocalDispatchKeySet keys = state.keys;
+  const c10::impl::LocalDispatchKeySet now = c10::impl::tls_local_dispatch_key_set();
+  if (now.included_.has(kTraceKey)) keys.included_ = keys.included_.add(kTraceKey);
+  if (now.excluded_.has(kTraceKey)) keys.excluded_ = keys.excluded_.add(kTraceKey);
+  previous_.keys = now;
+  c10::impl::_force_tls_local_dispatch_key_set(keys);
+  c10::AutogradState::set_tls_state(state.autograd);
+  at::autocast::set_autocast_dtype(at::kCPU, state.autocast_cpu);
+  at::autocast::set_autocast_dtype(at::kCUDA, state.autocast_cuda);
+}
+
+ReplayState::~ReplayState() {
+  c10::impl::_force_tls_local_dispatch_key_set(previous_.keys);
+  c10::AutogradState::set_tls_state(previous_.autograd);
+  at::autocast::set_autocast_dtype(at::kCPU, previous_.autocast_cpu);
+  at::autocast::set_autocast_dtype(at::kCUDA, previous_.autocast_cuda);
 }
 
 c10::SmallVector<ReadTrace*, 4> ReadTrace::active_chain(ReadTrace* innermost) {

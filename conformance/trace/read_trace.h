@@ -98,6 +98,8 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
+#include <c10/core/AutogradState.h>
+#include <c10/core/ScalarType.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/ArrayRef.h>
 #include <c10/util/SmallVector.h>
@@ -216,10 +218,42 @@ bool same_call(const OpCall& captured, const OpCall& retraced);
 /// same storage with the same layout (rebinding the caller's object later
 /// does not change what the capture reads), an internal one, a subclass
 /// tensor and an opaque object as themselves.
+/// The thread-local state a top-level op ran under, as far as it changes
+/// what the op computes: the local dispatch key set (what autocast,
+/// inference mode and other guards include or exclude; the trace's own key
+/// taken out), the autograd state (grad and inference mode) and the autocast
+/// dtypes. A replay runs each op under its own (ReplayState), so a forward
+/// that enters autocast replays under autocast, whatever the replaying
+/// thread's state is.
+struct CallState {
+  c10::impl::LocalDispatchKeySet keys{c10::impl::PODLocalDispatchKeySet{}};
+  c10::AutogradState autograd{/*grad_mode=*/false, /*inference_mode=*/false,
+                              /*fw_grad_mode=*/false, /*multithreading_enabled=*/true};
+  c10::ScalarType autocast_cpu = c10::ScalarType::BFloat16;
+  c10::ScalarType autocast_cuda = c10::ScalarType::Half;
+
+  /// The calling thread's state now, the trace's key taken out.
+  static CallState current();
+};
+
+/// Sets the thread's state to `state` for its lifetime, then puts the
+/// previous one back.
+class ReplayState {
+ public:
+  explicit ReplayState(const CallState& state);
+  ~ReplayState();
+  ReplayState(const ReplayState&) = delete;
+  ReplayState& operator=(const ReplayState&) = delete;
+
+ private:
+  CallState previous_;
+};
+
 struct HeldCall {
   c10::OperatorHandle op;
   std::vector<c10::IValue> inputs;
   std::vector<c10::IValue> outputs;
+  CallState state;  ///< what the op ran under (replayed under it)
 };
 
 /// Records op calls on the current thread from construction until stop() or
