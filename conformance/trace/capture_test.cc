@@ -365,6 +365,24 @@ TEST(CapturedForward, RandomOpsAreNotReplayedAndSaySo) {
   EXPECT_NE(why.find("random"), std::string::npos) << why;
 }
 
+// A TorchBind object handed to its op from C++, as a backend holding a
+// c10::intrusive_ptr of its packed weights does: each call wraps the C++
+// instance in a new script object. The instance is the object.
+TEST(CapturedForward, AKernelObjectHandedFromCppIsItsCppInstance) {
+  const at::Tensor x = at::randn({2, 4});
+  c10::intrusive_ptr<Packed> kernel = c10::make_intrusive<Packed>(at::randn({8, 4}));
+  auto forward = [&] { return packed_mm(x, c10::IValue(kernel)); };
+  CapturedForward capture(forward);
+  TensorNames names({});
+  kernel->weight.copy_(at::randn({8, 4}));  // refilled in place
+  EXPECT_TRUE(retrace(capture, names, forward).changes.empty());
+  kernel = c10::make_intrusive<Packed>(at::randn({8, 4}));  // re-packed into a new instance
+  int replaced = 0;
+  for (const auto& v : retrace(capture, names, forward).changes)
+    replaced += v.what == "object replaced";
+  EXPECT_EQ(replaced, 1);
+}
+
 // A forward that enters autocast (or inference mode) inside: the replay,
 // run by a thread outside it, runs each op under the state it ran under.
 TEST(CapturedForward, AnOpReplaysUnderTheAutocastItRanUnder) {

@@ -298,7 +298,11 @@ bool same_op(const OpCall& a, const OpCall& b) {
 }
 
 bool same_object(const ObjectRead& a, const ObjectRead& b) {
-  return a.identity == b.identity && a.payload == b.payload;
+  // A TorchBind object handed to its op from C++ (IValue of an intrusive_ptr
+  // of a custom class) is wrapped in a new script object on every call: the
+  // C++ instance it holds is what the kernel reads, and the object's identity.
+  if (a.payload != nullptr || b.payload != nullptr) return a.payload == b.payload;
+  return a.identity == b.identity;
 }
 
 bool same_call(const OpCall& a, const OpCall& b) {

@@ -200,7 +200,9 @@ struct OpCall {
 /// same depth, with as many reads and objects.
 bool same_op(const OpCall& captured, const OpCall& retraced);
 
-/// The same object holding the same C++ instance.
+/// The same object: the same C++ instance where the objects hold one (a
+/// TorchBind object handed from C++ gets a new script object on every call),
+/// else the same script object.
 bool same_object(const ObjectRead& captured, const ObjectRead& retraced);
 
 /// Whether the retraced call `retraced` is the captured call `captured` in
