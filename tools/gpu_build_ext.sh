@@ -2,9 +2,10 @@
 # Builds reloadsafe's Python extension (reloadsafe._C) inside an unpacked GPU
 # bundle, for a Python the bundle's prebuilt extension was not built for: the
 # binding sources are compiled against that Python's headers and its torch,
-# then linked with the core's objects, which tools/gpu_bundle.sh compiled
-# (they do not depend on the Python version). Needs a C++ compiler, that
-# Python's headers and its torch; no Bazel.
+# then linked against the core, a shared library tools/gpu_bundle.sh built
+# (it does not depend on the Python version), which is put beside the
+# extension. Needs a C++ compiler, that Python's headers and its torch; no
+# Bazel.
 #
 #   ext/build_ext.sh PYTHON OUTPUT    # OUTPUT: .../reloadsafe/_C<EXT_SUFFIX>
 #
@@ -14,8 +15,12 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 [ $# -eq 2 ] || { echo "usage: build_ext.sh PYTHON OUTPUT" >&2; exit 2; }
 python="$1"
 output="$2"
-CXX="${CXX:-c++}"
-command -v "$CXX" >/dev/null || { echo "build_ext.sh: no C++ compiler ($CXX): install g++ or set CXX" >&2; exit 1; }
+# The system's compiler first (RELOADSAFE_CXX overrides): an image's own
+# toolchain (CXX=/opt/gcc/bin/g++ on the H200 machine) may link libstdc++
+# statically into a shared object, and a second, uninitialised libstdc++ in
+# the process crashed the first stream the core wrote to.
+CXX="${RELOADSAFE_CXX:-$(command -v c++ || command -v g++ || echo "${CXX:-c++}")}"
+command -v "$CXX" >/dev/null || { echo "build_ext.sh: no C++ compiler ($CXX): install g++ or set RELOADSAFE_CXX" >&2; exit 1; }
 # What this Python and its torch need: include folders, the C++ ABI and
 # standard, the libraries to link.
 eval "$("$python" - <<'PY'
@@ -53,20 +58,23 @@ trap 'rm -rf "$work"' EXIT
 flags=(-std="$STD" -O0 -fPIC -fvisibility=hidden -w -D_GLIBCXX_USE_CXX11_ABI="$ABI"
   -I "$here/src" -isystem "$here/include" -isystem "$TORCH/include"
   -isystem "$TORCH/include/torch/csrc/api/include" -isystem "$PYINC")
-pids=()
-for src in "$here"/src/python/src/*.cc; do
-  obj="$work/$(basename "$src" .cc).o"
-  echo "[build_ext] $CXX -c $(basename "$src")"
-  "$CXX" "${flags[@]}" -c "$src" -o "$obj" &
-  pids+=($!)
-done
-for p in "${pids[@]}"; do wait "$p"; done
+# One translation unit for the bindings: LibTorch's and pybind11's headers
+# are most of the time, and they are read once.
+for src in "$here"/src/python/src/*.cc; do echo "#include \"$src\""; done > "$work/bindings.cc"
+echo "[build_ext] $CXX -c bindings.cc ($(ls "$here"/src/python/src/*.cc | wc -l) sources)"
+"$CXX" "${flags[@]}" -c "$work/bindings.cc" -o "$work/bindings.o"
 libs=(-L "$TORCH/lib" -ltorch_python -ltorch -ltorch_cpu -lc10)
 [ -e "$TORCH/lib/libtorch_cuda.so" ] && libs+=(-ltorch_cuda -lc10_cuda)
 [ -n "$CUDART" ] && libs+=("$CUDART")
-mkdir -p "$(dirname "$output")"
-mkdir "$work/core"
-tar -C "$work/core" -xzf "$here/objs.tar.gz"
-"$CXX" -shared -o "$output" "$work"/*.o "$work"/core/*.o -Wl,--no-as-needed "${libs[@]}" \
-  -Wl,-rpath,"$TORCH/lib" -Wl,--allow-shlib-undefined
-echo "[build_ext] $output"
+dir="$(dirname "$output")"
+mkdir -p "$dir"
+# The core beside the extension, found through $ORIGIN.
+gunzip -c "$here/libreloadsafe_core.so.gz" > "$dir/libreloadsafe_core.so"
+"$CXX" -shared -o "$output" "$work/bindings.o" "$dir/libreloadsafe_core.so" -Wl,--no-as-needed "${libs[@]}" \
+  -Wl,-rpath,'$ORIGIN' -Wl,-rpath,"$TORCH/lib" -Wl,--allow-shlib-undefined
+if ! readelf -d "$output" | grep -q 'NEEDED.*libstdc++\.so'; then
+  echo "build_ext.sh: $CXX linked libstdc++ into the extension statically; use a compiler that links" \
+    "it as a shared library (RELOADSAFE_CXX=/usr/bin/g++)" >&2
+  exit 1
+fi
+echo "[build_ext] $output ($("$CXX" -dumpfullversion 2>/dev/null || echo "$CXX"))"

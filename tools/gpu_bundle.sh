@@ -20,7 +20,8 @@
 #   python/       the reloadsafe package with its extension for this Python
 #   python_tests/ the package's tests (the real-library ones excepted)
 #   ext/          what gpu_check.sh needs to rebuild the extension for another
-#                 Python (the binding sources, the headers, the core's objects)
+#                 Python (the binding sources, the headers, the core as a
+#                 shared library)
 #   gpu_check.sh, gpu_check.py, BUILD_INFO
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -72,8 +73,12 @@ chmod -R u+w "$out/python"
 (cd python/tests && find . -path ./real -prune -o -name '*.py' -print0 | xargs -0 cp --parents -t "$out/python_tests")
 
 # The extension, rebuildable for another Python: binding sources, every
-# header they reach, and the objects the extension links (read from its link
-# command, less the bindings' own).
+# header they reach, and the core it links (everything the extension links
+# but the bindings, read from its link command) as one shared library,
+# compressed. A shared library, not objects: the bindings are compiled there
+# by whatever compiler that machine has, and objects of two GCC versions in
+# one library share inline functions of two libstdc++ versions (seen on the
+# H200: gcc 12's objects with its compiler's bindings crashed in an ostream).
 git ls-files -z --cached --others --exclude-standard -- '*.h' '*.inc' 'python/src/*' | xargs -0 cp --parents -t "$out/ext/src"
 cp -r /usr/include/nlohmann "$out/ext/include/"
 params="$bin/python/_C.so-2.params"
@@ -83,8 +88,12 @@ execroot="$(bazel info execution_root 2>/dev/null)"
 grep -E '\.o$' "$params" | grep -v '/python/_objs/' | while read -r o; do
   cp "$execroot/$o" "$objs/$(echo "$o" | tr '/' '_')"
 done
-# Compressed: the objects are most of the bundle's bytes (35 MB as they are).
-tar -C "$objs" -czf "$out/ext/objs.tar.gz" .
+torch_lib="$(bazel info output_base)/external/libtorch/lib"
+cudart="$(readlink -f "$(bazel info output_base)/external/local_cuda/lib64/libcudart.so" 2>/dev/null || true)"
+g++ -shared -o "$objs/libreloadsafe_core.so" -Wl,-soname,libreloadsafe_core.so "$objs"/*.o \
+  -L"$torch_lib" -Wl,--no-as-needed -ltorch_cpu -lc10 -ltorch_cuda -lc10_cuda ${cudart:+"$cudart"} \
+  -Wl,--allow-shlib-undefined
+gzip -9 -c "$objs/libreloadsafe_core.so" > "$out/ext/libreloadsafe_core.so.gz"
 rm -rf "$objs"
 cp tools/gpu_build_ext.sh "$out/ext/build_ext.sh"
 cp tools/gpu_check.py "$out/"

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import json
 import os
 import re
 import shutil
@@ -169,8 +170,20 @@ class Check:
             self.row("package build", "ok", time.monotonic() - start, f"extension built for this Python ({suffix})")
             site = built
         env = dict(self.env, PYTHONPATH=site + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        rc, text, secs = self.run("load_python", [sys.executable, "-c",
-                                                  "import torch, reloadsafe; print(reloadsafe.__file__, torch.__version__)"], 90, env)
+        # Imports, then one small check on the CPU with a violation, so the
+        # extension's report and table code runs before any GPU part does.
+        probe = (
+            "import torch, reloadsafe\n"
+            "class Rebuilt(torch.nn.Linear):\n"
+            "    def process_weights_after_loading(self):\n"
+            "        self.scale = self.weight.abs().amax(0)\n"
+            "    def forward(self, x):\n"
+            "        return torch.nn.functional.linear(x, self.weight / self.scale)\n"
+            "r = reloadsafe.check_reload(lambda: Rebuilt(8, 4, bias=False), torch.randn(2, 8), reloads=2)\n"
+            "assert not r.ok and 'scale' in r.table(), r.table()\n"
+            "print(reloadsafe.__file__, torch.__version__)\n"
+        )
+        rc, text, secs = self.run("load_python", [sys.executable, "-c", probe], 90, env)
         if rc != 0:
             self.count("failed")
             self.unloadable.add("python")
@@ -261,7 +274,7 @@ class Check:
             self.row("bench", "not run", 0, "did not load")
             return
         js = os.path.join(self.work, "copy_bench_cuda.json")
-        sizes = "bytes:(16777216|67108864)$"
+        sizes = "bytes:(16777216|67108864)(/|$)"  # manual-time benchmarks end in /manual_time
         flt = f"BM_Limit/cuda_[a-z]+/pinned_h2d/{sizes}|BM_FileCopy/cuda_[a-z]+/warm/.*/{sizes}"
         argv = [os.path.join(HERE, "bin", "copy_bench"), f"--benchmark_filter={flt}", "--benchmark_repetitions=2",
                 "--benchmark_min_time=0.05", f"--benchmark_out={js}", "--benchmark_out_format=json"]
@@ -273,10 +286,16 @@ class Check:
                      _first_line(text, re.compile("CUDA destination")) if ok else text.strip()[-200:])
             return
         rc, text, secs = self.run("copy_bench_cuda", argv, 90)
-        ok = rc == 0 and os.path.exists(js)
+        ran = 0
+        try:
+            with open(js) as f:
+                ran = len(json.load(f).get("benchmarks", []))
+        except (OSError, ValueError):
+            pass
+        ok = rc == 0 and ran > 0  # a filter that matches nothing is a failure, not a pass
         self.count("passed" if ok else "failed")
         targets = [line.strip() for line in text.splitlines() if "pinned H2D" in line]
-        self.row("bench", "ok" if ok else "FAIL", secs, (targets[-1] if targets else f"exit {rc}") +
+        self.row("bench", "ok" if ok else "FAIL", secs, f"{ran} results; " + (targets[-1] if targets else f"exit {rc}") +
                  ("" if ok else ": " + text.strip()[-200:]))
 
     # --- results -------------------------------------------------------------

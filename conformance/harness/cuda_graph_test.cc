@@ -129,19 +129,19 @@ struct Range {
 struct KernelScan {
   std::vector<uintptr_t> pointers;  // pointer-sized arguments into live device memory
   int nodes = 0, kernel_nodes = 0, params_failed = 0, no_function = 0, no_param_info = 0;
-  int pointer_sized = 0;
+  int words = 0;  // aligned words of arguments looked at
   CUresult last_error = CUDA_SUCCESS;
 
   std::string summary() const {
     return std::to_string(nodes) + " nodes, " + std::to_string(kernel_nodes) + " kernel nodes, " +
            std::to_string(params_failed) + " whose parameters could not be read, " +
            std::to_string(no_function) + " without a function, " + std::to_string(no_param_info) +
-           " without parameter info, " + std::to_string(pointer_sized) +
-           " pointer-sized arguments; last driver error " + std::to_string(last_error);
+           " without parameter info, " + std::to_string(words) +
+           " argument words; last driver error " + std::to_string(last_error);
   }
 };
 
-// Every pointer-sized kernel argument of `graph` that points into a live
+// Every aligned word of `graph`'s kernel arguments that points into a live
 // device allocation.
 KernelScan kernel_pointer_arguments(const Driver& driver, cudaGraph_t graph) {
   KernelScan scan;
@@ -181,14 +181,20 @@ KernelScan kernel_pointer_arguments(const Driver& driver, cudaGraph_t graph) {
         }
         break;
       }
-      if (size != sizeof(void*)) continue;
-      ++scan.pointer_sized;
-      uintptr_t value = 0;
-      std::memcpy(&value, params.kernelParams[i], sizeof(value));
-      CUdeviceptr start = 0;
-      if (value != 0 && driver.pointer_attribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                                                 static_cast<CUdeviceptr>(value)) == CUDA_SUCCESS) {
-        scan.pointers.push_back(value);
+      // PyTorch's kernels mostly take structs by value (a TensorIterator's
+      // data pointers, a GEMM's parameter block): every aligned word of every
+      // argument is a candidate pointer, not only pointer-sized arguments.
+      const auto* bytes = static_cast<const unsigned char*>(params.kernelParams[i]);
+      for (size_t at = 0; at + sizeof(void*) <= size; at += sizeof(void*)) {
+        ++scan.words;
+        uintptr_t value = 0;
+        std::memcpy(&value, bytes + at, sizeof(value));
+        CUdeviceptr start = 0;
+        if (value != 0 &&
+            driver.pointer_attribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                     static_cast<CUdeviceptr>(value)) == CUDA_SUCCESS) {
+          scan.pointers.push_back(value);
+        }
       }
     }
   }
