@@ -30,7 +30,9 @@ void default_weight_loader(at::Tensor& param, const at::Tensor& loaded) {
                          param.scalar_type() == ckpt.scalar_type() && param.storage_offset() == 0;
   if (!in_layout) {
     const int64_t need = extent(ckpt) * static_cast<int64_t>(ckpt.element_size());
-    TORCH_CHECK(!param.is_meta(),
+    // A meta parameter takes a meta checkpoint (a shape-only run, such as
+    // the device-clean probe); real data it cannot take by rebinding.
+    TORCH_CHECK(!param.is_meta() || loaded.is_meta(),
                 "default_weight_loader: the parameter is on the meta device and "
                 "LibTorch cannot rebind it to real data; materialise it in the "
                 "backend's own loader");

@@ -7,6 +7,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <set>
@@ -321,6 +322,85 @@ TEST(ReloadHarness, MemoryGrowthWithinTheBackendsToleranceIsNotAViolation) {
     return;
   }
   FAIL() << "neg_leak is not registered";
+}
+
+// Note [Device-clean backends]
+// A backend must make every tensor with the options of the weights or the
+// input it is given; one that calls at::zeros({16, 64}) works on a CPU and
+// breaks on a GPU. On a CPU machine the probe runs the backend with its
+// weights and input on the meta device: a tensor made without options is a
+// CPU tensor there, and the first op that mixes it with a meta tensor
+// throws, or it is found among the layer's tensors afterwards.
+std::string device_clean_failure(const Backend& backend) {
+  const c10::Device meta(c10::kMeta);
+  const auto on_meta = [&](Checkpoint ckpt) {
+    for (auto& [name, t] : ckpt) t = t.to(meta);
+    return ckpt;
+  };
+  try {
+    const ReloadSession drawer(backend, c10::Device(c10::kCPU), /*seed=*/1);
+    ReloadSession session(backend, meta, on_meta(drawer.draw_checkpoint(1)));
+    const at::Tensor x = at::empty(backend.input_shape(), at::TensorOptions().device(meta));
+    at::Tensor out = backend.forward(session.layer(), x);
+    session.reload(ReloadMode::kDirect, on_meta(drawer.draw_checkpoint(2)));
+    out = backend.forward(session.layer(), x);
+    if (!out.is_meta()) return "the forward's output is on " + out.device().str();
+    for (const NamedTensor& n : session.named_tensors()) {
+      if (n.tensor.defined() && n.tensor.numel() > 0 && !n.tensor.is_meta()) {
+        return n.name + " is on " + n.tensor.device().str();
+      }
+    }
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+// Whether a probe's failure is an op the meta device lacks (the C++
+// library registers fewer meta kernels than Python does): the probe says
+// nothing about that backend, either way.
+bool no_meta_kernel(const std::string& failure) {
+  return failure.find("no fake impl or Meta kernel") != std::string::npos ||
+         failure.find("_overrideable not implemented") != std::string::npos;
+}
+
+TEST(DeviceClean, EveryBackendMakesItsTensorsOnItsWeightsDevice) {
+  std::string probed, unprobed;
+  for (const auto& backend : BackendRegistry::instance().create_all()) {
+    if (backend->cpu_only()) continue;  // its kernel reads host memory by design
+    const std::string failure = device_clean_failure(*backend);
+    if (no_meta_kernel(failure)) {
+      unprobed += backend->name() + " ";
+      continue;
+    }
+    probed += backend->name() + " ";
+    EXPECT_EQ(failure, "") << backend->name();
+  }
+  RecordProperty("probed", probed);
+  RecordProperty("no_meta_kernel", unprobed);  // covered on a GPU by the GPU check
+  EXPECT_GE(std::count(probed.begin(), probed.end(), ' '), 10)
+      << "probed: " << probed << "; unprobed: " << unprobed;
+}
+
+// The probe's negative control: a padding buffer made without options.
+class PadsOnTheCpu : public BadBackend {
+ public:
+  std::string name() const override { return "pads_on_the_cpu"; }
+  std::string description() const override { return "a buffer made without the weight's options"; }
+  void process_weights_after_loading(Layer& layer) const override {
+    layer.set_attribute("padded", at::zeros({4, 8}));  // no options: always the CPU
+  }
+  at::Tensor forward(const Layer& l, const at::Tensor& x) const override {
+    return at::mm(x, l.get("weight").t()) + l.get("padded").narrow(1, 0, 4).sum();
+  }
+};
+
+TEST(DeviceClean, ATensorMadeWithoutOptionsIsFound) {
+  const std::string failure = device_clean_failure(PadsOnTheCpu());
+  EXPECT_NE(failure, "");
+  EXPECT_TRUE(failure.find("padded") != std::string::npos ||
+              failure.find("device") != std::string::npos)
+      << failure;
 }
 
 }  // namespace
