@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <deque>
@@ -86,6 +87,15 @@ class CountingCpuAllocator final : public c10::Allocator {
   }
 
   int64_t bytes() const { return bytes_.load(); }
+
+  // The most bytes live at once since the last take_peak() (or since the
+  // census was made), then restarts from the bytes live now.
+  int64_t take_peak() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const int64_t peak = std::max(peak_, bytes_.load());
+    peak_ = bytes_.load();
+    return peak;
+  }
 
   uint64_t epoch() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -182,6 +192,7 @@ class CountingCpuAllocator final : public c10::Allocator {
     if (!fresh) bytes_ -= static_cast<int64_t>(it->second.n);
     it->second = Block{n, deleter, ++epoch_};
     bytes_ += static_cast<int64_t>(n);
+    peak_ = std::max(peak_, bytes_.load());
   }
 
   // A block nobody holds any more (freed outside a reload, or let go by the
@@ -261,6 +272,7 @@ class CountingCpuAllocator final : public c10::Allocator {
   std::atomic<int64_t> bytes_{0};
   std::mutex mutex_;
   uint64_t epoch_ = 0;  // guarded by mutex_
+  int64_t peak_ = 0;    // guarded by mutex_: the most bytes_ since take_peak()
   std::unordered_map<void*, Block> live_;
   std::unique_ptr<QuarantineState> quarantine_;  // guarded by mutex_
   std::unique_ptr<ReuseState> reuse_;            // guarded by mutex_
@@ -331,6 +343,29 @@ std::optional<int64_t> live_tensor_bytes(const c10::Device& device) {
           .current;
     } catch (const c10::Error&) {
       return std::nullopt;  // no CUDA allocator in this process
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<int64_t> take_peak_tensor_bytes(const c10::Device& device) {
+  if (device.is_cpu()) {
+    if (!cpu_census_installed()) return std::nullopt;
+    return CountingCpuAllocator::instance().take_peak();
+  }
+  if (device.is_cuda()) {
+    try {
+      auto* allocator = c10::getDeviceAllocator(c10::DeviceType::CUDA);
+      if (!allocator->initialized()) return std::nullopt;
+      const c10::DeviceIndex index = device.has_index() ? device.index() : 0;
+      const auto stats = allocator->getDeviceStats(index);
+      const int64_t peak =
+          stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+              .peak;
+      allocator->resetPeakStats(index);
+      return peak;
+    } catch (const c10::Error&) {
+      return std::nullopt;
     }
   }
   return std::nullopt;

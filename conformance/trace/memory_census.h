@@ -90,6 +90,12 @@ bool cpu_census_installed();
 /// device types).
 std::optional<int64_t> live_tensor_bytes(const c10::Device& device);
 
+/// The most bytes live tensor storages on `device` held at once since the
+/// previous call (or since the census began), then starts over from the
+/// bytes live now: a step's peak is the call after it, with one call before
+/// it. Nothing where live_tensor_bytes has nothing.
+std::optional<int64_t> take_peak_tensor_bytes(const c10::Device& device);
+
 /// The number of CPU allocations counted so far, or nothing outside any
 /// CpuCensusScope.
 std::optional<uint64_t> cpu_allocation_epoch();

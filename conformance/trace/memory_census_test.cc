@@ -26,6 +26,19 @@ TEST(MemoryCensus, CountsLiveCpuStoragesAndForgetsFreedOnes) {
   EXPECT_FALSE(cpu_allocation_epoch_of(data).has_value()) << "a freed block is forgotten";
 }
 
+TEST(MemoryCensus, ThePeakIsTheMostLiveAtOnceSinceTheLastTake) {
+  CpuCensusScope scope;
+  const c10::Device cpu(c10::kCPU);
+  const at::Tensor kept = at::empty({1024}, at::kByte);
+  take_peak_tensor_bytes(cpu);
+  const int64_t before = *live_tensor_bytes(cpu);
+  { const at::Tensor staged = at::empty({4096}, at::kByte); }  // held for a moment
+  EXPECT_GE(*take_peak_tensor_bytes(cpu) - before, 4096);
+  EXPECT_EQ(*take_peak_tensor_bytes(cpu), *live_tensor_bytes(cpu))
+      << "starts over from what is live";
+  EXPECT_FALSE(take_peak_tensor_bytes(c10::Device(c10::kMeta)).has_value());
+}
+
 TEST(MemoryCensus, NumbersAllocationsInOrder) {
   CpuCensusScope census;
   const uint64_t start = cpu_allocation_epoch().value();

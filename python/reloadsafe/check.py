@@ -32,7 +32,7 @@ from .loading import (
     load_checkpoint,
 )
 from .sleep import LEVELS, Caches, SleepWake, caches_emptied, discard
-from .state import BakedNumbers, StateComparison, footprint_over_cold
+from .state import BakedNumbers, ReloadPeak, StateComparison, footprint_over_cold
 from .walk import named_objects, named_tensors
 
 __all__ = ["check_reload", "ReloadReport", "MODES"]
@@ -180,6 +180,7 @@ class _LayerSubject(_C.ReloadSubject):
         self.module_caches: Caches = {}
         self.recreate_parameters = False
         self.baked_numbers: BakedNumbers | None = None  # host_numbers=True
+        self.reload_peak: ReloadPeak | None = None  # reload_peak_budget_bytes=N
 
         probe = self.new_layer()
         n_weights = sum(1 for _ in probe.parameters()) + sum(1 for _ in probe.buffers())
@@ -249,6 +250,8 @@ class _LayerSubject(_C.ReloadSubject):
             self.state_comparison.cold_loaded()
         if self.baked_numbers is not None:
             self.baked_numbers.cold_loaded()
+        if self.reload_peak is not None:
+            self.reload_peak.cold_loaded()
 
     def reload(self, mode: Any, ckpt: Checkpoint) -> None:
         assert self.live is not None
@@ -259,7 +262,11 @@ class _LayerSubject(_C.ReloadSubject):
             # a sentinel (NaN, integers -1), where the loader will not write.
             for p in self.live.parameters():
                 discard(p, integer=-1)
+        if self.reload_peak is not None:
+            self.reload_peak.starting()
         self.load_and_process(self.live, ckpt)
+        if self.reload_peak is not None:
+            self.reload_peak.done("direct" if mode == _C.ReloadMode.direct else "normal")
         if self.state_comparison is not None:
             mode_name = "direct" if mode == _C.ReloadMode.direct else "normal"
             self.state_comparison.reloaded(mode_name, self.live, ckpt)
@@ -566,6 +573,7 @@ def check_reload(
     recreate_parameters: bool = False,
     host_numbers: bool = False,
     cold_footprint_tolerance_bytes: int | None = None,
+    reload_peak_budget_bytes: int | None = None,
 ) -> ReloadReport:
     """Checks that reloading weights into a layer keeps every address a
     captured CUDA graph of its forward reads.
@@ -605,7 +613,10 @@ def check_reload(
     - live tensor memory does not grow after the first reload (beyond
       ``memory_tolerance_bytes``), and, with ``cold_footprint_tolerance_bytes``,
       after no reload exceeds the cold load's by more than that (an extra
-      copy kept from the first reload on);
+      copy kept from the first reload on), and, with
+      ``reload_peak_budget_bytes``, never held more than that above the
+      bytes live before the reload while it loaded and post-processed (a
+      second copy of the weights staged before the first is freed);
     - with ``compare_state``: every tensor and host number (``int``,
       ``float``) the module reaches holds what a cold load of the same
       checkpoint holds, by name (reloadsafe/state.py); one that does not is
@@ -689,6 +700,9 @@ def check_reload(
         subject.recreate_parameters = bool(recreate_parameters)
         if host_numbers:
             subject.baked_numbers = BakedNumbers(undeclared)
+        if reload_peak_budget_bytes is not None:
+            subject.reload_peak = ReloadPeak(
+                _whole_number("reload_peak_budget_bytes", reload_peak_budget_bytes, 0, example=1 << 20), dev)
         if compare_state:
             subject.state_comparison = StateComparison(subject, undeclared)
         subject.preflight(device_clean=device_clean)
@@ -702,6 +716,8 @@ def check_reload(
             subject.state_comparison.add_to(report)
         if subject.baked_numbers is not None:
             subject.baked_numbers.add_to(report)
+        if subject.reload_peak is not None:
+            subject.reload_peak.add_to(report)
         if cold_footprint_tolerance_bytes is not None:
             held = sum(t.numel() * t.element_size() for t in subject.first_checkpoint.values())
             footprint_over_cold(report, _whole_number(

@@ -35,7 +35,7 @@ from .reference import direct_reload
 from .sleep import cache_tensors, caches_emptied
 from .walk import named_numbers, named_tensors
 
-__all__ = ["BakedNumbers", "StateComparison", "StateDifference", "footprint_over_cold", "state_differences"]
+__all__ = ["BakedNumbers", "ReloadPeak", "StateComparison", "StateDifference", "footprint_over_cold", "state_differences"]
 
 # Floating values closer than this (relative and absolute) are equal: the
 # same arithmetic on the same checkpoint, in another order, may round apart.
@@ -242,3 +242,46 @@ def footprint_over_cold(report: Any, tolerance_bytes: int, checkpoint_bytes: int
                                  f"footprint after reload {r} exceeds the cold load's by {size - sizes[0]} bytes",
                                  f"{sizes[0]} B after the cold load", f"{size} B after reload {r}", "")
                 break
+
+
+class ReloadPeak:
+    """``check_reload(..., reload_peak_budget_bytes=N)``: during a reload
+    (its load and post-processing), live tensor storages may hold at most
+    ``N`` bytes more than they did just before it. A reload that stages a
+    second copy of every weight before it frees the first (TensorRT-LLM
+    #14330) needs twice the weights' memory for a moment, which is an
+    out-of-memory on a full GPU. Violation ``memory``, at the first reload
+    over, per mode, with the peak."""
+
+    def __init__(self, budget_bytes: int, device: torch.device) -> None:
+        self.budget = budget_bytes
+        self.device = device
+        self.findings: list[tuple[str, int, str, str, str, str]] = []
+        self._reload = 0
+        self._over = False
+        self._before: int | None = None
+
+    def cold_loaded(self) -> None:
+        self._reload = 0
+        self._over = False
+
+    def starting(self) -> None:
+        self._before = _C.live_tensor_bytes(self.device)
+        _C.take_peak_tensor_bytes(self.device)  # the peak starts from here
+
+    def done(self, mode: str) -> None:
+        self._reload += 1
+        peak = _C.take_peak_tensor_bytes(self.device)
+        if self._over or peak is None or self._before is None:
+            return
+        extra = peak - self._before
+        if extra > self.budget:
+            self._over = True
+            self.findings.append((mode, self._reload, "memory",
+                                  f"peak during reload {self._reload} is {extra} bytes above the bytes live "
+                                  f"before it, over the budget of {self.budget}",
+                                  f"{self._before} B before the reload", f"{peak} B at its peak"))
+
+    def add_to(self, report: Any) -> None:
+        for mode, reload, name, what, before, after in self.findings:
+            _C.add_violation(report, mode, reload, name, what, before, after, "")

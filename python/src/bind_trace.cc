@@ -4,6 +4,7 @@
 // out as plain records (identities and pointers as integers).
 #include "python/src/bindings.h"
 
+#include "conformance/trace/memory_census.h"
 #include "conformance/trace/read_trace.h"
 
 #include <cstdint>
@@ -42,6 +43,9 @@ class PyReadTrace {
 }  // namespace
 
 void bind_trace(py::module_& m) {
+  // The census, for check_reload's own memory rules (reloadsafe/state.py).
+  m.def("live_tensor_bytes", &trace::live_tensor_bytes, py::arg("device"));
+  m.def("take_peak_tensor_bytes", &trace::take_peak_tensor_bytes, py::arg("device"));
   py::class_<TensorRead>(m, "TensorRead")
       .def_readonly("arg", &TensorRead::arg)
       .def_readonly("element", &TensorRead::element)
