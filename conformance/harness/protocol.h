@@ -10,10 +10,16 @@
 //   1. cold load; one warm-up forward (engines warm up before they capture);
 //      then the forward traced once with a ReadTrace: the captured read set,
 //      in op order, with every tensor argument held as the capture held it
-//      (see conformance/trace/capture.h);
+//      (see conformance/trace/capture.h); on a device (CUDA), the forward
+//      also captured as a device graph, with the device quarantine from then
+//      on (device_graph.h);
 //   2. many reloads (the direct mode inside a DirectReloadScope) of
 //      value-changing checkpoints;
 //   3. after each reload:
+//      - on a device, first of all, the captured graph replayed: its output
+//        equals the forward of a fresh cold load (violation
+//        "cuda graph replay"; a forward that cannot be captured is the
+//        violation "cuda graph", capture failed);
 //      - every declared tensor kept its name, address, storage, storage size
 //        and layout; none appeared or vanished;
 //      - the forward traced again issues the captured op sequence, and every
