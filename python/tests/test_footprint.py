@@ -2,6 +2,7 @@
 reload against the cold load's. A layer that keeps one extra copy from the
 first reload on (TensorRT-LLM #14330's shape) passes the protocol's own
 no-growth rule and fails this one."""
+import weakref
 from typing import Any
 
 import pytest
@@ -15,7 +16,8 @@ import sample_layers as sl
 X = torch.randn(4, 64, generator=torch.Generator().manual_seed(0))
 
 
-_STAGING: dict[int, Any] = {}  # reload metadata kept outside the module
+# Reload metadata kept outside the module (not walked), per live layer.
+_STAGING: "weakref.WeakKeyDictionary[torch.nn.Module, Any]" = weakref.WeakKeyDictionary()
 
 
 class KeepsAStagingCopy(torch.nn.Module):
@@ -29,7 +31,7 @@ class KeepsAStagingCopy(torch.nn.Module):
     def process_weights_after_loading(self):
         self._loads += 1
         if self._loads > 1:  # a reload
-            staging = _STAGING.setdefault(id(self), torch.empty_like(self.weight))
+            staging = _STAGING.setdefault(self, torch.empty_like(self.weight))
             staging.copy_(self.weight)
 
     def forward(self, x):
