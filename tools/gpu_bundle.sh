@@ -48,6 +48,10 @@ say "building //bench:copy_bench ${bench_mode[*]}"
 bazel build "${bench_mode[@]}" //bench:copy_bench
 benchbin="$(bazel info "${bench_mode[@]}" bazel-bin)"
 
+# It replaces $out: never a folder that holds anything else of value.
+case "$(cd "$(dirname "$out")" 2>/dev/null && pwd)/$(basename "$out")" in
+  / | // | "$HOME" | "$PWD" | "$PWD"/.) echo "[gpu_bundle] refusing to replace $out: pass --out NEW_FOLDER" >&2; exit 2 ;;
+esac
 rm -rf "$out"
 mkdir -p "$out"/{bin,lib,python,python_tests,ext/src,ext/include}
 out="$(cd "$out" && pwd)"
@@ -59,7 +63,8 @@ cp -L "$benchbin/bench/copy_bench" "$out/bin/"
 chmod u+w "$out"/bin/*
 # The build machine's library folders mean nothing there.
 for b in "$out"/bin/*; do patchelf --set-rpath '$ORIGIN/../lib' "$b"; done
-# Non-LibTorch, non-system libraries the binaries load.
+# Libraries the binaries load that a machine with torch alone lacks (Google
+# Benchmark: a Debian library here).
 for b in "$out"/bin/*; do
   ldd "$b" 2>/dev/null | awk '/=> \// {print $3}' | while read -r so; do
     case "$so" in
