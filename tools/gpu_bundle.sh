@@ -35,6 +35,12 @@ while [ $# -gt 0 ]; do
   esac
 done
 say() { printf '[gpu_bundle] %s\n' "$*"; }
+# It replaces $out, so only a folder this script made (it has BUILD_INFO) or
+# an empty one: never /, a home folder or the checkout.
+if [ -e "$out" ] && [ -n "$(ls -A "$out" 2>/dev/null)" ] && [ ! -f "$out/BUILD_INFO" ]; then
+  echo "[gpu_bundle] refusing to replace $out: it is not a bundle this script made; pass --out NEW_FOLDER" >&2
+  exit 2
+fi
 tools/setup.sh >/dev/null
 command -v patchelf >/dev/null || { echo "[gpu_bundle] patchelf is missing: run tools/setup.sh" >&2; exit 1; }
 
@@ -48,10 +54,6 @@ say "building //bench:copy_bench ${bench_mode[*]}"
 bazel build "${bench_mode[@]}" //bench:copy_bench
 benchbin="$(bazel info "${bench_mode[@]}" bazel-bin)"
 
-# It replaces $out: never a folder that holds anything else of value.
-case "$(cd "$(dirname "$out")" 2>/dev/null && pwd)/$(basename "$out")" in
-  / | // | "$HOME" | "$PWD" | "$PWD"/.) echo "[gpu_bundle] refusing to replace $out: pass --out NEW_FOLDER" >&2; exit 2 ;;
-esac
 rm -rf "$out"
 mkdir -p "$out"/{bin,lib,python,python_tests,ext/src,ext/include}
 out="$(cd "$out" && pwd)"
