@@ -24,20 +24,27 @@ command -v "$CXX" >/dev/null || { echo "build_ext.sh: no C++ compiler ($CXX): in
 # What this Python and its torch need: include folders, the C++ ABI and
 # standard, the libraries to link.
 eval "$("$python" - <<'PY'
-import glob, os, shlex, sysconfig
+import glob, os, shlex, sys, sysconfig
 import importlib.util
+
+
+def stop(message):
+    # Printed for the shell to run: it says why, and stops the script.
+    print(f"echo {shlex.quote('build_ext.sh: ' + message)} >&2; exit 1")
+    sys.exit(0)
+
 spec = importlib.util.find_spec("torch")
 if spec is None:
-    raise SystemExit("echo 'build_ext.sh: this Python has no torch' >&2; exit 1")
+    stop("this Python has no torch")
 root = list(spec.submodule_search_locations)[0]
 inc = sysconfig.get_paths()["include"]
 if not os.path.exists(os.path.join(inc, "Python.h")):
-    raise SystemExit(f"echo 'build_ext.sh: no Python.h in {inc}: install this Python's headers (python3-dev)' >&2; exit 1")
+    stop(f"no Python.h in {inc}: install this Python's headers (python3-dev)")
 import re
 with open(os.path.join(root, "version.py")) as f:
     found = re.search(r"^__version__\b.*?=\s*['\"](\d+)\.(\d+)", f.read(), re.M)
 if found is None:
-    raise SystemExit("echo 'build_ext.sh: cannot read the torch version from its version.py' >&2; exit 1")
+    stop("cannot read the torch version from its version.py")
 major, minor = int(found.group(1)), int(found.group(2))
 abi = "1"
 try:
