@@ -10,7 +10,7 @@
 #
 # Then, on the GPU machine:   OUT=results gpu_bundle/gpu_check.sh
 #
-# What is in it (about 35 MB):
+# What is in it (about 26 MB):
 #   bin/          cuda_graph_reload_test, cuda_graph_test, reload_harness and
 #                 copy_bench, the project's libraries linked in; their RPATH is
 #                 $ORIGIN/../lib, and gpu_check.sh finds LibTorch and the CUDA

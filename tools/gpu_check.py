@@ -76,7 +76,6 @@ class Check:
             if os.path.isdir(torch_lib):
                 dirs.append(torch_lib)
                 dirs += sorted(glob.glob(os.path.join(site, "nvidia", "*", "lib")))
-                dirs += sorted(glob.glob(os.path.join(site, "nvidia", "cu*", "lib")))
                 break
         if os.environ.get("LD_LIBRARY_PATH"):
             dirs.append(os.environ["LD_LIBRARY_PATH"])
@@ -133,18 +132,17 @@ class Check:
                 continue
             rc, text, secs = self.run(f"load_{binary}", [path] + args, 60)
             if rc != 0 or LOAD_ERRORS.search(text):
-                self.unloadable.add(binary)
-                self.count("failed")
-                self.row(f"load {binary}", "FAIL", secs, _first_line(text, LOAD_ERRORS) or f"exit {rc}")
+                why = _first_line(text, LOAD_ERRORS) or f"exit {rc}"
+            elif binary == "reload_harness" and "CUDA linked" not in text:
+                why = "CUDA is not linked in: " + text.strip()[-200:]
             else:
                 self.count("passed")
-                detail = text.strip().splitlines()[-1] if binary == "reload_harness" and text.strip() else "starts"
-                if binary == "reload_harness" and "CUDA linked" not in text:
-                    self.unloadable.add(binary)
-                    self.count("failed")
-                    self.row("load reload_harness", "FAIL", secs, "CUDA is not linked in: " + detail)
-                    continue
+                detail = text.strip().splitlines()[-1] if binary == "reload_harness" else "starts"
                 self.row(f"load {binary}", "ok", secs, detail)
+                continue
+            self.unloadable.add(binary)
+            self.count("failed")
+            self.row(f"load {binary}", "FAIL", secs, why)
 
     def package(self, rebuild: bool = False) -> dict[str, str] | None:
         """The environment in which `import reloadsafe` loads the bundle's
@@ -157,13 +155,12 @@ class Check:
             built = os.path.join(self.out, "package_site")
             shutil.rmtree(built, ignore_errors=True)
             shutil.copytree(site, built)
-            for old in glob.glob(os.path.join(built, "reloadsafe", "_C.*")):
+            for old in glob.glob(os.path.join(built, "reloadsafe", "_C.*.so")):
                 os.remove(old)
             rc, text, _ = self.run("build_ext", ["bash", os.path.join(HERE, "ext", "build_ext.sh"), sys.executable,
                                                  os.path.join(built, "reloadsafe", "_C" + suffix)], 200)
             if rc != 0:
                 self.count("failed")
-                self.unloadable.add("python")
                 self.row("package build", "FAIL", time.monotonic() - start,
                          _first_line(text, re.compile("error|Error")) or f"exit {rc}")
                 return None
@@ -186,7 +183,6 @@ class Check:
         rc, text, secs = self.run("load_python", [sys.executable, "-c", probe], 90, env)
         if rc != 0:
             self.count("failed")
-            self.unloadable.add("python")
             self.row("load python package", "FAIL", secs, _first_line(text, LOAD_ERRORS) or f"exit {rc}")
             return None
         self.count("passed")

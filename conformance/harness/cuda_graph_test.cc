@@ -2,9 +2,12 @@
 // capture the forward once, then reload new checkpoints many times and replay
 // the graph after each. A sample backend's replay must equal the forward of a
 // cold load of the new checkpoint, and every address the graph captured must
-// still be the live address of its tensor. A negative control must be caught
-// by its replay output: the graph keeps reading the tensor it captured, so
-// the output is stale.
+// still be the live address of its tensor. A negative control that breaks a
+// value must be caught by its replay output on every reload: the graph keeps
+// reading the tensor it captured, freed and zeroed by the graph step's
+// quarantine (a leak and a scratch workspace break no value; the trace
+// flags them). The protocol's graph step itself and the quarantine have
+// tests of their own at the end.
 //
 // RELOADSAFE_GRAPH_RELOADS sets the reloads per backend and mode (default 100).
 #include "conformance/harness/device_graph.h"

@@ -329,21 +329,36 @@ bool cpu_census_installed() {
   return c10::GetCPUAllocator() == &CountingCpuAllocator::instance();
 }
 
+namespace {
+
+// The CUDA caching allocator's count of allocated bytes on `device` (current
+// and peak), or nothing where this process has no CUDA allocator. With
+// `reset_peak` the peak starts over from what is allocated now.
+std::optional<c10::CachingAllocator::Stat> cuda_allocated_bytes(const c10::Device& device,
+                                                                bool reset_peak) {
+  try {
+    auto* allocator = c10::getDeviceAllocator(c10::DeviceType::CUDA);
+    if (!allocator->initialized()) return std::nullopt;
+    const c10::DeviceIndex index = device.has_index() ? device.index() : 0;
+    const c10::CachingAllocator::Stat stat =
+        allocator->getDeviceStats(index)
+            .allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+    if (reset_peak) allocator->resetPeakStats(index);
+    return stat;
+  } catch (const c10::Error&) {
+    return std::nullopt;  // no CUDA allocator in this process
+  }
+}
+
+}  // namespace
+
 std::optional<int64_t> live_tensor_bytes(const c10::Device& device) {
   if (device.is_cpu()) {
     if (!cpu_census_installed()) return std::nullopt;
     return CountingCpuAllocator::instance().bytes();
   }
   if (device.is_cuda()) {
-    try {
-      auto* allocator = c10::getDeviceAllocator(c10::DeviceType::CUDA);
-      if (!allocator->initialized()) return std::nullopt;
-      const auto stats = allocator->getDeviceStats(device.has_index() ? device.index() : 0);
-      return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
-          .current;
-    } catch (const c10::Error&) {
-      return std::nullopt;  // no CUDA allocator in this process
-    }
+    if (auto stat = cuda_allocated_bytes(device, /*reset_peak=*/false)) return stat->current;
   }
   return std::nullopt;
 }
@@ -354,19 +369,7 @@ std::optional<int64_t> take_peak_tensor_bytes(const c10::Device& device) {
     return CountingCpuAllocator::instance().take_peak();
   }
   if (device.is_cuda()) {
-    try {
-      auto* allocator = c10::getDeviceAllocator(c10::DeviceType::CUDA);
-      if (!allocator->initialized()) return std::nullopt;
-      const c10::DeviceIndex index = device.has_index() ? device.index() : 0;
-      const auto stats = allocator->getDeviceStats(index);
-      const int64_t peak =
-          stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
-              .peak;
-      allocator->resetPeakStats(index);
-      return peak;
-    } catch (const c10::Error&) {
-      return std::nullopt;
-    }
+    if (auto stat = cuda_allocated_bytes(device, /*reset_peak=*/true)) return stat->peak;
   }
   return std::nullopt;
 }

@@ -215,11 +215,6 @@ bool same_object(const ObjectRead& captured, const ObjectRead& retraced);
 /// own replay (CapturedForward::replays_as).
 bool same_call(const OpCall& captured, const OpCall& retraced);
 
-/// The boxed arguments and results of a depth-0 op, held as a capture holds
-/// them: every tensor kept alive; an external tensor as a new object on the
-/// same storage with the same layout (rebinding the caller's object later
-/// does not change what the capture reads), an internal one, a subclass
-/// tensor and an opaque object as themselves.
 /// The thread-local state a top-level op ran under, as far as it changes
 /// what the op computes: the local dispatch key set (what autocast,
 /// inference mode and other guards include or exclude; the trace's own key
@@ -251,6 +246,11 @@ class ReplayState {
   CallState previous_;
 };
 
+/// The boxed arguments and results of a depth-0 op, held as a capture holds
+/// them: every tensor kept alive; an external tensor as a new object on the
+/// same storage with the same layout (rebinding the caller's object later
+/// does not change what the capture reads), an internal one, a subclass
+/// tensor and an opaque object as themselves.
 struct HeldCall {
   c10::OperatorHandle op;
   std::vector<c10::IValue> inputs;

@@ -424,9 +424,9 @@ class _LayerSubject(_C.ReloadSubject):
         """Cold load, forward, reload, forward once in plain Python, so a
         broken step is reported as an exception naming the step, not as a
         protocol error (and, where the layer mixes devices, the tensors that
-        are not on the check's device). With
-        ``device_clean`` the same steps run once more with torch's default
-        device set to ``meta`` (Note [Device-clean layers])."""
+        are not on the check's device). With ``device_clean`` the same steps
+        run once more with torch's default device set to ``meta`` (Note
+        [Device-clean layers])."""
         x = self.draw_input(0)
         layer = None
         step = "building the layer"
@@ -670,8 +670,8 @@ def check_reload(
 
     On CUDA (``device="cuda"``) the protocol runs on the device, and its
     graph step captures the forward as a CUDA graph once and replays it right
-    after every reload, with the graph's output and every device block freed
-    since the capture poisoned first; a replay that differs from a fresh cold
+    after every reload, with the graph's output poisoned and every device
+    block freed since the capture zeroed first; a replay that differs from a fresh cold
     load is the violation ``cuda graph replay`` (the same C++ protocol as
     ``reload_harness --device cuda``).
     """

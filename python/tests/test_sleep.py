@@ -15,16 +15,12 @@ import sample_layers as sl
 X = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
 
 
-def _param(*shape):
-    return torch.nn.Parameter(torch.zeros(*shape), requires_grad=False)
-
-
 class ScaleAttribute(torch.nn.Module):
     """A scale made at the first load as a plain attribute, never rewritten."""
 
     def __init__(self):
         super().__init__()
-        self.weight = _param(8, 16)
+        self.weight = sl._param(8, 16)
         self.scale: Any = None
 
     def process_weights_after_loading(self):
@@ -54,7 +50,7 @@ class PaddedWeight(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.weight = _param(8, 20)
+        self.weight = sl._param(8, 20)
         self.weight.weight_loader = _slice_loader
 
     def forward(self, x):
@@ -69,7 +65,7 @@ class GlobalCache(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.weight = _param(8, 16)
+        self.weight = sl._param(8, 16)
         self.register_buffer("permuted", torch.zeros(8, 16), persistent=False)
 
     def process_weights_after_loading(self):

@@ -13,16 +13,12 @@ from reloadsafe.state import state_differences
 import sample_layers as sl
 
 
-def _param(*shape):
-    return torch.nn.Parameter(torch.zeros(*shape), requires_grad=False)
-
-
 class StaleCopy(torch.nn.Module):
     """A derived copy made once and never refreshed: no address moves."""
 
     def __init__(self):
         super().__init__()
-        self.weight = _param(8, 16)
+        self.weight = sl._param(8, 16)
         self.kernel: Any = None
 
     def process_weights_after_loading(self):
@@ -39,7 +35,7 @@ class HalvesItsScale(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.weight = _param(8, 16)
+        self.weight = sl._param(8, 16)
         self.register_buffer("k_scale", torch.ones(1))
 
     def process_weights_after_loading(self):
@@ -54,8 +50,8 @@ class StaleHostNumber(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.weight = _param(8, 16)
-        self.k_scale = _param(1)
+        self.weight = sl._param(8, 16)
+        self.k_scale = sl._param(1)
         self._k_scale_float = None
 
     def process_weights_after_loading(self):
