@@ -79,7 +79,7 @@ def test_every_part_starts_and_each_gpu_test_skips_for_want_of_a_device(bundle: 
                  "load python package"):
         assert rows[part][0] == "ok", (part, rows[part])
     assert "CUDA linked (aten::mm has a CUDA kernel, graph step linked)" in rows["load reload_harness"][1]
-    for part in ("cuda_graph_reload_test", "cuda_graph_test", "harness", "python", "bench"):
+    for part in ("cuda_graph_reload_test", "cuda_graph_test", "harness", "python", "bench", "zoo"):
         assert rows[part][0] == "ok (skipped)", (part, rows[part])
         assert "no CUDA device" in rows[part][1], (part, rows[part])
     assert " 0 failed" in summary

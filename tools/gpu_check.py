@@ -2,7 +2,7 @@
 """The GPU check: every GPU part of reloadsafe, from an unpacked GPU bundle
 (tools/gpu_bundle.sh), on a machine with a GPU, torch and no Bazel.
 
-    OUT=results ./gpu_check.sh            # there: five minutes at most
+    OUT=results ./gpu_check.sh            # there: seven minutes at most
     OUT=results ./gpu_check.sh --no-gpu   # a machine without a GPU: every part
                                           # must start and skip with its reason
 
@@ -19,6 +19,9 @@ of --budget):
   python     check_reload(device="cuda") on every Python sample and negative
              control, and the package's other CUDA tests (JUnit XML)
   bench      copy_bench's CUDA series, the pinned H2D limit first (JSON)
+  zoo        the bug zoo's pairs checked on the CPU and on CUDA, verdicts side
+             by side (OUT/zoo_cpu_cuda.md); fails where CUDA catches less than
+             the CPU or a fixed layer fails there
 
 Writes OUT/summary.md (with "N passed, N failed, N skipped") and
 OUT/results.tar.gz (logs, XML, JSON) and exits 1 on any failure. With
@@ -48,7 +51,7 @@ LOAD_ERRORS = re.compile(
     r"ModuleNotFoundError|GLIBC_[0-9.]+' not found|GLIBCXX_[0-9.]+' not found"
 )
 NO_DEVICE = "no CUDA device"
-PARTS = ("graph", "harness", "python", "bench")
+PARTS = ("graph", "harness", "python", "bench", "zoo")
 
 
 class Check:
@@ -262,7 +265,7 @@ class Check:
                 if "cuda" in f.read():
                     files.append(path)
         rc, text, secs = self.run("python_cuda", [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files,
-                                                  "-k", "cuda", f"--junitxml={xml}", "--rootdir", tests], 150, env)
+                                                  "-k", "cuda", f"--junitxml={xml}", "--rootdir", tests], 240, env)
         self.junit("python", xml, rc, text, secs)
 
     def bench(self) -> None:
@@ -293,6 +296,28 @@ class Check:
         targets = [line.strip() for line in text.splitlines() if "pinned H2D" in line]
         self.row("bench", "ok" if ok else "FAIL", secs, f"{ran} results; " + (targets[-1] if targets else f"exit {rc}") +
                  ("" if ok else ": " + text.strip()[-200:]))
+
+    def zoo(self, env: dict[str, str] | None) -> None:
+        if env is None:
+            self.row("zoo", "not run", 0, "the package did not load")
+            return
+        tests = os.path.join(HERE, "python_tests")
+        env = dict(env, PYTHONPATH=tests + os.pathsep + env.get("PYTHONPATH", ""))
+        table = os.path.join(self.out, "zoo_cpu_cuda.md")
+        rc, text, secs = self.run("zoo", [sys.executable, "-m", "zoo.table", "--devices", "cpu,cuda", table], 180, env)
+        if self.no_gpu:
+            ok = rc == 2 and NO_DEVICE in text
+            self.count("skipped" if ok else "failed")
+            self.row("zoo", "ok (skipped)" if ok else "FAIL", secs, _first_line(text, re.compile(NO_DEVICE)) if ok else
+                     f"expected exit 2 naming '{NO_DEVICE}', got exit {rc}: {text.strip()[-200:]}")
+            return
+        totals = [line.strip() for line in text.splitlines() if " total " in line]
+        ok = rc == 0 and os.path.exists(table)
+        self.count("passed" if ok else "failed")
+        detail = "; ".join(totals)
+        if not ok:
+            detail += ": " + (_first_line(text, re.compile("verdicts differ|Error|error")) or text.strip()[-300:])
+        self.row("zoo", "ok" if ok else "FAIL", secs, detail)
 
     # --- results -------------------------------------------------------------
 
@@ -369,7 +394,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT"), help="folder for summary.md and results.tar.gz (default $OUT)")
     parser.add_argument("--no-gpu", action="store_true", help="on a machine without a GPU: every part must start and skip")
-    parser.add_argument("--budget", type=float, default=290, help="seconds for the whole check (default 290)")
+    parser.add_argument("--budget", type=float, default=420, help="seconds for the whole check (default 420)")
     parser.add_argument("--rebuild-ext", action="store_true",
                         help="build the Python extension here even if the bundle's matches this Python")
     parser.add_argument("--parts", default=",".join(PARTS),
@@ -385,7 +410,7 @@ def main() -> int:
         parser.error(f"unknown part(s) {','.join(sorted(unknown))}: the parts are {','.join(PARTS)}")
     check = Check(os.path.abspath(args.out), args.no_gpu, args.budget)
     check.load()
-    env = check.package(args.rebuild_ext) if "python" in parts else None
+    env = check.package(args.rebuild_ext) if parts & {"python", "zoo"} else None
     if "graph" in parts:
         for t in GRAPH_TESTS:
             check.gtest(t, 150 if t == "cuda_graph_test" else 60)
@@ -395,6 +420,8 @@ def main() -> int:
         check.python(env)
     if "bench" in parts:
         check.bench()
+    if "zoo" in parts:
+        check.zoo(env)
     return check.finish(started)
 
 

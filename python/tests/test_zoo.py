@@ -12,6 +12,7 @@ import pathlib
 import re
 
 import pytest
+import torch
 
 import reloadsafe
 from reloadsafe import ReloadCheckError, check_reload
@@ -92,6 +93,26 @@ def test_fixed_layer_passes(bug):
     for mode in reloadsafe.MODES:
         m = report.modes[mode]
         assert m["flagged"] == [] and "error" not in m and m["reloads_done"] == RELOADS, report.table()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: torch.cuda.is_available() is False")
+@pytest.mark.parametrize("bug", _params(zoo.BUGS))
+def test_cuda_pair_gets_the_cpu_verdict(bug):
+    """On a GPU (the GPU check runs this), with the forward captured as a
+    CUDA graph and replayed after every reload: the buggy layer is flagged
+    by the same upstream name, and the fixed layer passes, graph replay
+    included."""
+    if bug.outcome == "error":
+        with pytest.raises(ReloadCheckError) as e:
+            _check(bug, "buggy", device="cuda")
+        assert f"'{bug.names[0]}'" in str(e.value), str(e.value)
+    else:
+        report = _check(bug, "buggy", device="cuda")
+        for mode in reloadsafe.MODES:
+            for name in bug.names:
+                assert _flags(report.modes[mode]["flagged"], name), (mode, name, report.table())
+    fixed = _check(bug, "fixed", device="cuda")
+    assert fixed.ok, fixed.table()
 
 
 @pytest.mark.parametrize("bug", _params([b for b in zoo.BUGS if b.outcome == "violation"]))

@@ -3,10 +3,13 @@ reloadsafe said.
 
     PYTHONPATH=<package_site>:python/tests python -m zoo.table docs/bug-zoo.md
     tools/gen_bug_zoo.sh            # the same, after building the package
+    python -m zoo.table --devices cpu,cuda zoo_cuda.md   # CPU and GPU side by side
 
 Writes the table (or prints it, without a path) and prints the check time of
 each pair. test_zoo.py fails when the committed file differs from what this
-produces.
+produces. With ``--devices`` naming more than one device, every pair is
+checked on each and the verdicts are put side by side (the GPU check's
+``zoo`` part).
 """
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ import dataclasses
 import re
 import sys
 import time
+
+import torch
 
 import reloadsafe
 from reloadsafe import ReloadCheckError, check_reload
@@ -93,31 +98,51 @@ def _names_flagged(bug: Bug, report: reloadsafe.ReloadReport) -> bool:
     )
 
 
-def run(bug: Bug) -> Row:
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return f"raises {type(e).__name__}: {text[0] if text else ''}"[:300]
+
+
+def run(bug: Bug, device: str = "cpu", same_weights_too: bool = True) -> Row:
+    """Checks both layers of ``bug`` on ``device``. A check that raises
+    anything but the expected ``ReloadCheckError`` is reported in the row
+    (``reported``, ``fixed_ok`` False), so one broken row does not stop
+    the table."""
     start = time.perf_counter()
     caught = False
     try:
-        report = check_reload(bug.buggy, bug.example_input, reloads=RELOADS, **bug.check_options("buggy"))
+        report = check_reload(bug.buggy, bug.example_input, reloads=RELOADS, device=device,
+                              **bug.check_options("buggy"))
         reported = describe_report(report)
         caught = bug.outcome == "violation" and _names_flagged(bug, report)
     except ReloadCheckError as e:
         first = str(e).split(": every load")[0].split(": pass load=")[0]
         reported = f"raises ReloadCheckError: {first}"
         caught = bug.outcome == "error" and f"'{bug.names[0]}'" in str(e)
-    fixed = check_reload(bug.fixed, bug.example_input, reloads=RELOADS, **bug.check_options("fixed"))
+    except Exception as e:  # noqa: BLE001 - reported in the row
+        reported = _first_line(e)
+    try:
+        fixed = check_reload(bug.fixed, bug.example_input, reloads=RELOADS, device=device,
+                             **bug.check_options("fixed"))
+        fixed_ok = fixed.ok
+        if not fixed_ok:
+            reported += f" / fixed layer: {describe_report(fixed)}"
+    except Exception as e:  # noqa: BLE001 - reported in the row
+        fixed_ok = False
+        reported += f" / fixed layer {_first_line(e)}"
     seconds = time.perf_counter() - start
     same = "-"
-    if bug.outcome == "violation":
+    if bug.outcome == "violation" and same_weights_too:
         options = bug.check_options("buggy")
         options["make_checkpoint"] = same_weights(options.get("make_checkpoint") or default_checkpoints(bug.buggy))
-        r = check_reload(bug.buggy, bug.example_input, reloads=RELOADS, **options)
+        r = check_reload(bug.buggy, bug.example_input, reloads=RELOADS, device=device, **options)
         if r.ok:
             same = "passes"
         elif set(r.flagged) & {"forward", "replay"}:
             same = "caught, values too"
         else:
             same = "caught, no value check"
-    return Row(bug, caught, reported, fixed.ok, same, seconds)
+    return Row(bug, caught, reported, fixed_ok, same, seconds)
 
 
 def _cell(text: str) -> str:
@@ -171,20 +196,73 @@ def render(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def render_devices(devices: list[str], rows: dict[str, list[Row]], header: str = "") -> str:
+    """The pairs checked on several devices, side by side: a row per bug,
+    for each device whether the buggy layer was caught by name and the
+    fixed layer passed, and the report where a device's differs from the
+    first device's."""
+    first = devices[0]
+    lines = ["# The bug zoo on " + " and ".join(devices), ""]
+    if header:
+        lines += [header, ""]
+    for d in devices:
+        caught = sum(r.caught for r in rows[d])
+        fixed = sum(r.fixed_ok for r in rows[d])
+        secs = sum(r.seconds for r in rows[d])
+        lines.append(f"- **{d}**: {caught} of {len(rows[d])} caught by name; {fixed} of {len(rows[d])} fixed layers "
+                     f"pass; {secs:.1f} s for all pairs")
+    lines += ["", "| id | thread | " + " | ".join(f"{d} caught | {d} fixed" for d in devices) +
+              f" | where a report differs from {first}'s |",
+              "| --- | --- | " + " | ".join("--- | ---" for _ in devices) + " | --- |"]
+    for i, bug in enumerate(rows[first]):
+        b = bug.bug
+        cells = []
+        for d in devices:
+            r = rows[d][i]
+            cells += ["yes" if r.caught else "no", "passes" if r.fixed_ok else "FAILS"]
+        diffs = [f"{d}: {_cell(rows[d][i].reported)}" for d in devices[1:] if rows[d][i].reported != bug.reported]
+        if diffs:
+            diffs.insert(0, f"{first}: {_cell(bug.reported)}")
+        lines.append(f"| {b.id} | {b.thread} | " + " | ".join(cells) + " | " + "<br>".join(diffs) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str]) -> int:
-    rows = []
-    for bug in BUGS:
-        row = run(bug)
-        rows.append(row)
-        print(f"{bug.id}  {row.seconds:6.2f} s  {'caught' if row.caught else 'not caught'}", file=sys.stderr)
-    print(f"total  {sum(r.seconds for r in rows):6.2f} s (buggy and fixed checks, {RELOADS} reloads per mode)",
-          file=sys.stderr)
-    text = render(rows)
+    devices = ["cpu"]
+    if argv[:1] == ["--devices"] and len(argv) > 1:
+        devices = [d for d in argv[1].split(",") if d]
+        argv = argv[2:]
+    if argv and argv[0].startswith("-"):
+        print("usage: python -m zoo.table [--devices cpu,cuda] [FILE]", file=sys.stderr)
+        return 2
+    if "cuda" in devices and not torch.cuda.is_available():
+        print("no CUDA device: torch.cuda.is_available() is False; the zoo is not checked on cuda", file=sys.stderr)
+        return 2
+    by_device: dict[str, list[Row]] = {}
+    for device in devices:
+        rows = by_device[device] = []
+        for bug in BUGS:
+            row = run(bug, device, same_weights_too=len(devices) == 1)
+            rows.append(row)
+            print(f"{device:5} {bug.id}  {row.seconds:6.2f} s  {'caught' if row.caught else 'not caught'}"
+                  f"{'' if row.fixed_ok else '  FIXED LAYER FAILS'}", file=sys.stderr, flush=True)
+        print(f"{device:5} total  {sum(r.seconds for r in rows):6.2f} s (buggy and fixed checks, {RELOADS} reloads "
+              "per mode)", file=sys.stderr)
+    text = render(by_device["cpu"]) if devices == ["cpu"] else render_devices(devices, by_device)
     if argv:
         with open(argv[0], "w") as f:
             f.write(text)
     else:
         sys.stdout.write(text)
+    if len(devices) > 1:
+        # Side by side, a device that catches less than the first, or fails a
+        # fixed layer, is a failure.
+        base = by_device[devices[0]]
+        bad = [f"{d} {r.bug.id}" for d in devices[1:] for i, r in enumerate(by_device[d])
+               if not r.fixed_ok or (base[i].caught and not r.caught)]
+        if bad:
+            print("verdicts differ from " + devices[0] + "'s: " + ", ".join(bad), file=sys.stderr)
+            return 1
     return 0
 
 
