@@ -139,13 +139,15 @@ class Nvfp4DeletesSourcesBuggy(torch.nn.Module):
         self.input_scale = param(1)
         self.register_buffer("alpha", torch.zeros(1), persistent=False)
         self.register_buffer("weight_scale_interleaved", torch.zeros(N), persistent=False)
+        # The row permutation travels with the layer: a forward that copied a
+        # host tensor to the device would stop a CUDA graph capture.
+        self.register_buffer("row_perm", ROW_PERM.clone(), persistent=False)
         self._done = False
 
     def _derive(self):
-        perm = ROW_PERM.to(self.weight.device)
         self.alpha.copy_(self.input_scale * self.weight_scale_2)
         self.weight_scale_interleaved.copy_(_interleave(self.weight_scale))
-        self.weight.copy_(self.weight.index_select(0, perm))
+        self.weight.copy_(self.weight.index_select(0, self.row_perm))
 
     def process_weights_after_loading(self):
         if self._done:
@@ -155,7 +157,7 @@ class Nvfp4DeletesSourcesBuggy(torch.nn.Module):
         self._done = True
 
     def forward(self, x):
-        scale = _interleave(self.weight_scale_interleaved).index_select(0, ROW_PERM.to(x.device))
+        scale = _interleave(self.weight_scale_interleaved).index_select(0, self.row_perm)
         return F.linear(x, self.weight) * scale * self.alpha
 
 
