@@ -9,6 +9,7 @@
 #include "utils/reload_context.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <map>
@@ -201,17 +202,32 @@ class ModeRun {
       for (int r = 1; r <= options_.reloads; ++r) check_reload(r);
       check_memory();
     } catch (const std::exception& e) {
-      const std::string what = e.what();
-      report_.error = valid_utf8(what.substr(0, what.find('\n')));
+      add_error("", e);
     }
+    // The subject lets go of what the mode loaded however the mode ended; a
+    // release that fails is the mode's error too (after the run's own, if
+    // any), since the next mode or run starts from what it left.
     try {
       subject_.release();
-    } catch (const std::exception&) {
+    } catch (const std::exception& e) {
+      add_error("release: ", e);
     }
     return std::move(report_);
   }
 
  private:
+  // Appends `e`'s whole message, every line of it, to the mode's error, after
+  // any earlier one on a line of its own. A c10 error gives its message
+  // without the C++ backtrace LibTorch appends (frames inside LibTorch that
+  // say nothing about the subject).
+  void add_error(const std::string& prefix, const std::exception& e) {
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+    std::string what = c10_error ? c10_error->what_without_backtrace() : e.what();
+    while (!what.empty() && what.back() == '\n') what.pop_back();
+    if (!report_.error.empty()) report_.error += '\n';
+    report_.error += valid_utf8(prefix + what);
+  }
+
   void start() {
     if (!input_.defined()) input_ = draw_run_input(subject_, options_);
     x_ = input_.clone();

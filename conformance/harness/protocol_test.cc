@@ -10,6 +10,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,10 @@ class CountingSubject : public ReloadSubject {
     if (cold_output_buffer) out_buf_ = at::empty({4, 8});
   }
   void reload(ReloadMode mode, const Checkpoint& ckpt) override {
+    if (!reload_error.empty()) {
+      if (reload_error_from_c10) TORCH_CHECK(false, reload_error);
+      throw std::runtime_error(reload_error);
+    }
     if (rebuild_at == ++reloads_seen) {
       w_ = ckpt.at("w").clone();  // a new tensor: every captured read of w is stale
       return;
@@ -66,14 +71,20 @@ class CountingSubject : public ReloadSubject {
     at::Generator gen = at::detail::createCPUGenerator(seed);
     return at::randn({4, 16}, gen);
   }
-  void release() override { w_ = at::Tensor(); }
+  void release() override {
+    w_ = at::Tensor();
+    if (!release_error.empty()) throw std::runtime_error(release_error);
+  }
 
   bool vary = false;
   bool wrong_in_direct = false;
   bool scale_from_checkpoint = false;
   bool cold_output_buffer = false;
-  bool write_input = false;  ///< the forward adds 1 to its input in place
-  int rebuild_at = 0;        ///< the reload (counted over both modes) that rebuilds w
+  bool write_input = false;            ///< the forward adds 1 to its input in place
+  int rebuild_at = 0;                  ///< the reload (counted over both modes) that rebuilds w
+  std::string reload_error;            ///< every reload throws this, if not empty
+  bool reload_error_from_c10 = false;  ///< ... as a c10::Error (TORCH_CHECK)
+  std::string release_error;           ///< release() throws this, if not empty
   int reloads_seen = 0;
   int draws = 0;
   int input_draws = 0;
@@ -222,6 +233,38 @@ TEST(Protocol, AStaleReadIsFlaggedByTheReplayAfterEveryReload) {
 // A binary linked without conformance/harness:device_graph_cuda (this one:
 // LibTorch's CPU library only) has no graph step, and says which of "not
 // linked" and "no device" it is.
+TEST(Protocol, AModesErrorKeepsEveryLineAndAFailedReleaseFollowsIt) {
+  struct Row {
+    const char* name;
+    std::string reload_error;
+    bool from_c10;
+    std::string release_error;
+    std::string expected;
+  };
+  const Row rows[] = {
+      {"reload", "first line\nsecond line\n", false, "", "first line\nsecond line"},
+      // TORCH_CHECK's error without the backtrace LibTorch appends to what().
+      {"reload (c10)", "first line\nsecond line", true, "", "first line\nsecond line"},
+      {"release", "", false, "gone\nfor good", "release: gone\nfor good"},
+      {"both", "first line\nsecond line", false, "gone", "first line\nsecond line\nrelease: gone"},
+  };
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.name);
+    CountingSubject subject;
+    subject.reload_error = row.reload_error;
+    subject.reload_error_from_c10 = row.from_c10;
+    subject.release_error = row.release_error;
+    const BackendReport report = run_subject(subject, options(2, false));
+    ASSERT_EQ(report.modes.size(), 2u);
+    for (const ModeReport& m : report.modes) {
+      EXPECT_EQ(m.error, row.expected) << to_string(m.mode);
+      EXPECT_FALSE(m.clean());
+      EXPECT_EQ(m.reloads_done, row.reload_error.empty() ? 2 : 0);
+    }
+    EXPECT_FALSE(report.ok());
+  }
+}
+
 TEST(DeviceGraph, ABinaryWithoutCudaSaysItWasBuiltWithoutIt) {
   EXPECT_EQ(device_graph_capture(c10::kCUDA), nullptr);
   const std::string why = cuda_unavailable_reason();

@@ -61,7 +61,10 @@ struct ModeReport {
   /// Replays of the forward's captured device graph (on CUDA: one per
   /// reload; 0 on the CPU).
   int graph_replays = 0;
-  std::string error;  ///< an exception from the subject or the protocol
+  /// The message of an exception from the subject or the protocol, whole
+  /// (it may run over several lines); then, on a line of its own starting
+  /// "release: ", one from the subject's release() at the mode's end.
+  std::string error;
   bool clean() const { return error.empty() && violation_count == 0; }
 };
 

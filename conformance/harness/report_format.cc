@@ -88,7 +88,15 @@ std::string to_table(const std::vector<BackendReport>& reports) {
   for (const auto& r : reports) {
     for (const auto& m : r.modes) {
       const std::string tag = "  " + r.name + " [" + to_string(m.mode) + "] ";
-      if (!m.error.empty()) os << tag << "error: " << m.error << "\n";
+      if (!m.error.empty()) {
+        // The lines of a multi-line error line up under its first.
+        const std::string head = tag + "error: ";
+        std::string error = m.error;
+        for (size_t at = error.find('\n'); at != std::string::npos; at = error.find('\n', at + 1)) {
+          error.insert(at + 1, head.size(), ' ');
+        }
+        os << head << error << "\n";
+      }
       for (size_t i = 0; i < m.violations.size() && i < 3; ++i) {
         const Violation& v = m.violations[i];
         os << tag << "reload " << v.reload << ": ";
