@@ -12,6 +12,7 @@
 // RELOADSAFE_GRAPH_RELOADS sets the reloads per backend and mode (default 100).
 #include "conformance/harness/device_graph.h"
 #include "conformance/harness/harness.h"
+#include "conformance/harness/run_options.h"
 #include "conformance/trace/read_trace.h"
 
 #include <ATen/ATen.h>
@@ -70,7 +71,7 @@ GraphRun capture_and_reload(const Backend& backend, ReloadMode mode, int reloads
 
   GraphRun run;
   for (int r = 1; r <= reloads; ++r) {
-    const Checkpoint ckpt = session.draw_checkpoint(kReloadSeedStride * r + static_cast<int>(mode));
+    const Checkpoint ckpt = session.draw_checkpoint(reload_seed(static_cast<int>(mode), r));
     session.reload(mode, ckpt);
     for (const auto& [name, t] : session.kernel_visible()) {
       auto it = captured_address.find(name);

@@ -68,7 +68,8 @@ def reload_harness_test(
       name: the test's name.
       backends: reload_backend targets (or cc_library targets with
         alwayslink = True) whose registered backends the test runs.
-      reloads: reloads per mode (the harness's default, 20, when None).
+      reloads: reloads per mode (the harness's default, kDefaultReloads in
+        run_options.h, when None).
       device: "cpu", or "cuda"/"cuda:I" (the test is then tagged `gpu`, and
         skips where no CUDA device is visible).
       seed: the checkpoint seed (the harness's default when None).

@@ -157,7 +157,7 @@ void count_reads(const Capture& c, ModeReport& report) {
 
 // The forward's input of a run, on the run's device.
 at::Tensor draw_run_input(ReloadSubject& subject, const RunOptions& options) {
-  return subject.draw_input(options.seed + kInputSeedOffset).to(options.device);
+  return subject.draw_input(input_seed(options.seed)).to(options.device);
 }
 
 // The cold load and warm-up every capture starts from, the forward run on `x`.
@@ -249,7 +249,7 @@ class ModeRun {
   }
 
   void check_reload(int r) {
-    const Checkpoint ckpt = subject_.draw_checkpoint(options_.seed + kReloadSeedStride * r);
+    const Checkpoint ckpt = subject_.draw_checkpoint(reload_seed(options_.seed, r));
     std::map<std::string, Snapshot> pristine;
     for (const auto& [n, t] : ckpt) pristine.emplace(n, Snapshot(t));
     {

@@ -38,37 +38,19 @@
 // a traced read, the op and argument), with before and after. External reads
 // the subject did not declare but that stay put are warnings.
 //
-// Seeds: the first checkpoint is drawn from RunOptions::seed, the input from
-// seed + kInputSeedOffset (once per run: each mode's forward is handed a
-// copy), reload r's checkpoint from seed + r * kReloadSeedStride: both modes
-// reload the same checkpoints.
+// Seeds (run_options.h): the first checkpoint is drawn from RunOptions::seed,
+// the input from input_seed(seed) (once per run: each mode's forward is
+// handed a copy), reload r's checkpoint from reload_seed(seed, r): both
+// modes reload the same checkpoints.
 #pragma once
 
 #include "conformance/harness/report.h"
+#include "conformance/harness/run_options.h"
 #include "conformance/harness/subject.h"
 
-#include <c10/core/Device.h>
-
-#include <cstdint>
 #include <vector>
 
 namespace reloadsafe::harness {
-
-/// The input's seed, relative to RunOptions::seed.
-constexpr uint64_t kInputSeedOffset = 7919;
-/// Reload r's checkpoint seed is RunOptions::seed + r * kReloadSeedStride.
-constexpr uint64_t kReloadSeedStride = 1000003;
-
-struct RunOptions {
-  int reloads = 20;
-  c10::Device device = c10::Device(c10::kCPU);
-  uint64_t seed = 1;
-  /// Stop listing violations after this many per mode (all are counted).
-  int max_listed = 20;
-  /// Trace the forward (capture emulation, CPU replay). Off: only declared
-  /// tensors, values and memory are checked.
-  bool trace = true;
-};
 
 /// Runs the protocol for `subject` in both modes.
 BackendReport run_subject(ReloadSubject& subject, const RunOptions& options);

@@ -139,7 +139,7 @@ TEST(Protocol, AForwardThatWritesItsInputIsFlaggedInEachModeAndEachModeStartsFro
     // values, not what the normal mode's forwards left in its copy.
     EXPECT_EQ(subject.input_draws, 1);
     ASSERT_EQ(subject.first_inputs.size(), 2u);
-    EXPECT_TRUE(at::equal(subject.first_inputs[0], subject.draw_input(o.seed + kInputSeedOffset)));
+    EXPECT_TRUE(at::equal(subject.first_inputs[0], subject.draw_input(input_seed(o.seed))));
     EXPECT_TRUE(at::equal(subject.first_inputs[1], subject.first_inputs[0]));
   }
 }

@@ -7,8 +7,8 @@
 // and three warnings per mode.
 #pragma once
 
-#include "conformance/harness/protocol.h"
 #include "conformance/harness/report.h"
+#include "conformance/harness/run_options.h"
 
 #include <string>
 #include <vector>

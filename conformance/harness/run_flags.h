@@ -8,7 +8,7 @@
 // takes. Each binary prints that with its usage and exits 2.
 #pragma once
 
-#include "conformance/harness/protocol.h"
+#include "conformance/harness/run_options.h"
 
 #include <stdexcept>
 #include <string>

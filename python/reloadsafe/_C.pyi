@@ -87,6 +87,10 @@ class RunOptions:
     max_listed: int
     trace: bool
 
+DEFAULT_RELOADS: int
+
+def reload_seed(seed: int, reload: int) -> int: ...
+
 class Violation:
     reload: int
     tensor: str

@@ -557,7 +557,7 @@ def check_reload(
     process: ProcessFn | None = None,
     forward: ForwardFn | None = None,
     make_checkpoint: Callable[[int], Mapping[str, torch.Tensor]] | None = None,
-    reloads: int = 10,
+    reloads: int = _C.DEFAULT_RELOADS,
     modes: Sequence[str] = MODES,
     device: str | torch.device | None = None,
     seed: int = 1,

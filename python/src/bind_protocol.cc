@@ -9,6 +9,7 @@
 #include "conformance/harness/harness.h"
 #include "conformance/harness/protocol.h"
 #include "conformance/harness/report_format.h"
+#include "conformance/harness/run_options.h"
 
 #include <ATen/core/ivalue.h>
 #include <pybind11/stl.h>
@@ -142,6 +143,11 @@ void bind_protocol(py::module_& m) {
       .def_readwrite("seed", &RunOptions::seed)
       .def_readwrite("max_listed", &RunOptions::max_listed)
       .def_readwrite("trace", &RunOptions::trace);
+  // The run's defaults and seed rule (run_options.h), for check_reload's
+  // default and for tests that tell reloads apart by their checkpoint's seed.
+  m.attr("DEFAULT_RELOADS") = harness::kDefaultReloads;
+  m.def("reload_seed", &harness::reload_seed, py::arg("seed"), py::arg("reload"),
+        "The seed of reload `reload`'s checkpoint (1 and up) in a run of `seed`.");
 
   py::class_<Violation>(m, "Violation")
       .def_readonly("reload", &Violation::reload)
