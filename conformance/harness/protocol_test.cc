@@ -26,6 +26,7 @@ class CountingSubject : public ReloadSubject {
     return info;
   }
   Checkpoint draw_checkpoint(uint64_t seed) override {
+    checkpoint_seeds.push_back(seed);
     // With `vary`, the same seed gives other values on every call.
     at::Generator gen = at::detail::createCPUGenerator(vary ? seed + 7 * ++draws : seed);
     return {{"w", at::randn({8, 16}, gen)}};
@@ -89,7 +90,8 @@ class CountingSubject : public ReloadSubject {
   int draws = 0;
   int input_draws = 0;
   int cold_forwards = 0;
-  std::vector<at::Tensor> first_inputs;  ///< the input of each cold load's first forward
+  std::vector<uint64_t> checkpoint_seeds;  ///< every draw_checkpoint's seed, in order
+  std::vector<at::Tensor> first_inputs;    ///< the input of each cold load's first forward
 
  private:
   bool first_forward_ = false;
@@ -233,6 +235,22 @@ TEST(Protocol, AStaleReadIsFlaggedByTheReplayAfterEveryReload) {
 // A binary linked without conformance/harness:device_graph_cuda (this one:
 // LibTorch's CPU library only) has no graph step, and says which of "not
 // linked" and "no device" it is.
+TEST(Protocol, EachModeDrawsTheColdLoadFromTheRunsSeedAndReloadRFromReloadSeed) {
+  for (uint64_t seed : {uint64_t{0}, uint64_t{1}, uint64_t{1} << 40}) {
+    SCOPED_TRACE(seed);
+    CountingSubject subject;
+    RunOptions o = options(3, false);
+    o.seed = seed;
+    EXPECT_TRUE(run_subject(subject, o).ok());
+    const std::vector<uint64_t> mode = {seed, reload_seed(seed, 1), reload_seed(seed, 2),
+                                        reload_seed(seed, 3)};
+    std::vector<uint64_t> both = mode;
+    both.insert(both.end(), mode.begin(), mode.end());
+    EXPECT_EQ(subject.checkpoint_seeds, both);
+  }
+  EXPECT_EQ(RunOptions{}.reloads, kDefaultReloads);
+}
+
 TEST(Protocol, AModesErrorKeepsEveryLineAndAFailedReleaseFollowsIt) {
   struct Row {
     const char* name;

@@ -46,11 +46,14 @@ def checkpoints(layouts: Mapping[str, tuple[tuple[int, ...], torch.dtype]]) -> C
 
 def ab_cycle(make_checkpoint: Callable[[int], Checkpoint]) -> Callable[[int], Checkpoint]:
     """Checkpoints that cycle A -> B -> A -> B ...: the cold load and every
-    even reload get checkpoint A, every odd reload B (reload r's seed is
-    ``seed + r * 1000003``; see conformance/harness/protocol.h)."""
+    even reload get checkpoint A, every odd reload B, in a run whose seed is
+    below ``reload_seed(0, 1)`` (reload r's seed is ``reload_seed(seed, r)``,
+    a multiple of that stride above the run's; see
+    conformance/harness/run_options.h)."""
+    stride = reloadsafe._C.reload_seed(0, 1)
 
     def cycle(seed: int) -> Checkpoint:
-        return make_checkpoint((seed // 1000003) % 2)
+        return make_checkpoint((seed // stride) % 2)
 
     return cycle
 
