@@ -203,7 +203,8 @@ class _ScaleWithoutADevice(sl.Transposed):
 def test_a_layer_that_makes_a_tensor_without_a_device_is_named_on_a_cpu():
     x = _input(sl.RowPadding)
     check_reload(sl.RowPadding, x, reloads=1, modes=("direct",), device_clean=True)  # the fixed layer
-    with pytest.raises(ReloadCheckError, match=r"_PadsWithoutADevice is not device-clean: the load or post-processing"):
+    # keep_address rebinds the weight to the padded tensor made without a device (set_data; on a GPU a CPU weight).
+    with pytest.raises(ReloadCheckError, match=r"_PadsWithoutADevice is not device-clean: after the load or post-processing .*'weight' is on meta"):
         check_reload(_PadsWithoutADevice, x, reloads=1, modes=("direct",), device_clean=True)
     check_reload(_PadsWithoutADevice, x, reloads=1, modes=("direct",))  # passes on a CPU without the probe
 
@@ -212,6 +213,156 @@ def test_a_tensor_made_without_a_device_is_named_with_its_step():
     x = _input(sl.Transposed)
     with pytest.raises(ReloadCheckError, match=r"not device-clean: after the load or post-processing .* 'col_scale' is on meta"):
         check_reload(_ScaleWithoutADevice, x, reloads=1, device_clean=True)
+
+
+# Device-clean probe rows: layers made on sl.Transposed (weight [16, 32]
+# after post-processing, output [8, 16]) that each make a tensor without a
+# device in one of the ways Note [Device-clean layers] lists. A row whose
+# tensor runs beside CUDA weights on a GPU passes the probe; one that would
+# raise there is named. What a GPU does with each was seen on an H200
+# (torch 2.11): the 0-dim rows, set_data from a CPU parameter, the copies,
+# .to(w.device) and as_tensor run; the [1] and [16, 1] rows raise "Expected
+# all tensors to be on the same device"; a weight whose .data is set to a
+# CPU tensor stays on the CPU.
+
+
+class _ScalarGain(sl.Transposed):
+    """A 0-dim gain made without a device, kept: a number to CUDA's mul."""
+
+    def process_weights_after_loading(self):
+        super().process_weights_after_loading()
+        if not hasattr(self, "gain"):
+            self.gain = torch.tensor(0.5)
+
+    def forward(self, x):
+        return super().forward(x) * self.gain
+
+
+class _ScalarsInForward(sl.Transposed):
+    def forward(self, x):
+        y = super().forward(x)
+        return torch.where(y > 0, y, torch.full((), 0.0)) * torch.tensor(2.0)
+
+
+class _OneWideGain(_ScalarGain):
+    """A [1] gain made without a device: not 0-dim, no number to CUDA."""
+
+    def process_weights_after_loading(self):
+        sl.Transposed.process_weights_after_loading(self)
+        if not hasattr(self, "gain"):
+            self.gain = torch.ones(1)
+
+
+class _RowScaleWithoutADevice(sl.Transposed):
+    def process_weights_after_loading(self):
+        super().process_weights_after_loading()
+        if not hasattr(self, "row_scale"):
+            self.row_scale = torch.full((16, 1), 0.5)
+
+    def forward(self, x):
+        return torch.mm(x, (self.weight * self.row_scale).t())
+
+
+class _LinearOverTheWeight(sl.Transposed):
+    """An nn.Linear built without a device, its weight's .data set to the
+    loaded weight (set_data from a CPU parameter to a CUDA tensor on a GPU)."""
+
+    def process_weights_after_loading(self):
+        super().process_weights_after_loading()
+        if not hasattr(self, "lin"):
+            self.lin = torch.nn.Linear(32, 16, bias=False)
+            self.lin.weight.data = self.weight
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+class _DataSetWithoutADevice(sl.Transposed):
+    """A parameter on the weights' device whose .data is then set to a
+    tensor made without a device: on a GPU it ends up on the CPU."""
+
+    def process_weights_after_loading(self):
+        super().process_weights_after_loading()
+        if not hasattr(self, "offset"):
+            self.offset = torch.nn.Parameter(self.weight.new_zeros(16), requires_grad=False)
+            self.offset.data = torch.zeros(16)
+
+    def forward(self, x):
+        return super().forward(x) + self.offset
+
+
+class _CopiedIntoTheWeightsDevice(sl.Transposed):
+    """Values from tensors made without a device copied into tensors on the
+    weights' device (copy_, slice assignment): CPU to CUDA copies."""
+
+    def __init__(self):
+        super().__init__()
+        self.offset = torch.zeros(16)
+        self.tail = torch.zeros(16)
+
+    def process_weights_after_loading(self):
+        super().process_weights_after_loading()
+        self.offset.copy_(torch.linspace(0, 1, 16))
+        self.tail[:] = torch.arange(16.0)
+
+    def forward(self, x):
+        return super().forward(x) + self.offset + self.tail
+
+
+class _MovedToTheWeightsDevice(sl.Transposed):
+    def forward(self, x):
+        y = super().forward(x)
+        return y + torch.arange(16.0).to(y.device) + torch.ones(16).to(x)
+
+
+class _AsTensorOfTheWeight(sl.Transposed):
+    """torch.as_tensor of the weight, with no device: on the weight's device."""
+
+    def process_weights_after_loading(self):
+        super().process_weights_after_loading()
+        if not hasattr(self, "view"):
+            self.view = torch.as_tensor(self.weight)
+
+    def forward(self, x):
+        return torch.mm(x, self.view.t())
+
+
+class _ReadsANumberWithoutADevice(sl.Transposed):
+    def forward(self, x):
+        return super().forward(x) * int(torch.tensor([1, 2]).sum())
+
+
+_NOT_CLEAN = r"is not device-clean: after the load or post-processing .*"
+
+#: (layer, None where the probe passes it, else a pattern of its error)
+DEVICE_CLEAN_CASES = [
+    (_ScalarGain, None),
+    (_ScalarsInForward, None),
+    (_LinearOverTheWeight, None),
+    (_CopiedIntoTheWeightsDevice, None),
+    (_MovedToTheWeightsDevice, None),
+    (_AsTensorOfTheWeight, None),
+    (_OneWideGain, _NOT_CLEAN + r"'gain' is on meta \(float32\[1\]\)"),
+    (_RowScaleWithoutADevice, _NOT_CLEAN + r"'row_scale' is on meta \(float32\[16, 1\]\)"),
+    (_DataSetWithoutADevice, _NOT_CLEAN + r"'offset' is on meta \(float32\[16\]\)"),
+    # The probe cannot know what a host read of a meta tensor would give.
+    (_ReadsANumberWithoutADevice, r"the device-clean probe cannot follow the forward .*cannot be called on meta tensors"),
+]
+
+
+@pytest.mark.parametrize(
+    "cls, named", DEVICE_CLEAN_CASES, ids=[c.__name__.lstrip("_") for c, _ in DEVICE_CLEAN_CASES]
+)
+def test_the_device_clean_probe_passes_what_runs_on_a_gpu_and_names_what_does_not(cls, named):
+    def run(device_clean):
+        return check_reload(cls, _input(cls), reloads=1, modes=("normal",), trace=False, device_clean=device_clean)
+
+    assert run(False).ok  # every row is a correct layer on a CPU
+    if named is None:
+        assert run(True).ok
+    else:
+        with pytest.raises(ReloadCheckError, match=named):
+            run(True)
 
 
 def test_raise_for_violations_carries_the_table_and_the_report():
