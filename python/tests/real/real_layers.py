@@ -481,7 +481,10 @@ def _scaled(weight: torch.Tensor, nested: bool) -> ScaledWeight:
         return ScaledWeight(q, col)
     # The int8 payload split into an int8 part and a per-row factor of its
     # own, as a double-quantized weight is: qdata is itself a ScaledWeight.
-    row = torch.full((wt.shape[0], 1), 0.5)
+    # The factor is made on the weight's device: made without one it is a
+    # CPU [64, 1] tensor on a GPU, and dense() multiplying the CUDA codes by
+    # it raises (check_reload's device-clean probe names it; test_real_device_clean).
+    row = torch.full((wt.shape[0], 1), 0.5, device=wt.device)
     return ScaledWeight(ScaledWeight(q, row), col * 2.0)
 
 
