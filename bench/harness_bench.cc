@@ -33,6 +33,8 @@
 #include "bench/bench_main.h"
 
 #include "conformance/harness/harness.h"
+#include "conformance/harness/report_format.h"
+#include "conformance/harness/run_options.h"
 #include "conformance/trace/capture.h"
 
 #include <ATen/ATen.h>
@@ -54,8 +56,8 @@ using harness::ReloadSession;
 using harness::RunOptions;
 using trace::CapturedForward;
 
-constexpr int kReloads = 10;                 // per mode, as check_reload's default
-constexpr int kOwnWorkUnits = 2 * kReloads;  // one per reload of both modes
+constexpr int kReloads = harness::kDefaultReloads;  // per mode, a run's default
+constexpr int kOwnWorkUnits = 2 * kReloads;         // one per reload of both modes
 
 // One harness run; false (and the benchmark skipped with the report) if the
 // backend did not pass.

@@ -15,7 +15,8 @@
 
 #include "conformance/harness/backend.h"
 #include "conformance/harness/protocol.h"
-#include "conformance/harness/report_format.h"
+#include "conformance/harness/report.h"
+#include "conformance/harness/run_options.h"
 
 #include <c10/core/Device.h>
 

@@ -10,6 +10,7 @@
 // an address or a negative control is not flagged, 2 on bad arguments.
 #include "conformance/harness/device_graph.h"
 #include "conformance/harness/harness.h"
+#include "conformance/harness/report_format.h"
 #include "conformance/harness/run_flags.h"
 
 #include <cstdlib>

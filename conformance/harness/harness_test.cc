@@ -1,4 +1,5 @@
 #include "conformance/harness/harness.h"
+#include "conformance/harness/report_format.h"
 
 #include "conformance/trace/read_trace.h"
 

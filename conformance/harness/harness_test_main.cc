@@ -17,6 +17,7 @@
 // Exit status: 0 when every test passed, 1 when one failed or no backend was
 // linked, 2 on bad arguments.
 #include "conformance/harness/harness.h"
+#include "conformance/harness/report_format.h"
 #include "conformance/harness/run_flags.h"
 
 #include <ATen/Context.h>

@@ -6,10 +6,11 @@
 #include "python/src/bindings.h"
 
 #include "conformance/harness/device_graph.h"
-#include "conformance/harness/harness.h"
 #include "conformance/harness/protocol.h"
+#include "conformance/harness/report.h"
 #include "conformance/harness/report_format.h"
 #include "conformance/harness/run_options.h"
+#include "conformance/harness/subject.h"
 
 #include <ATen/core/ivalue.h>
 #include <pybind11/stl.h>

@@ -1,0 +1,136 @@
+// The protocol's value comparisons: bytes unchanged (a snapshot, and two
+// tensors byte for byte) and outputs close to a cold load's.
+#include "conformance/harness/values.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+
+namespace reloadsafe::harness {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+at::Tensor floats(std::initializer_list<float> values) {
+  return at::tensor(std::vector<float>(values), at::kFloat);
+}
+
+// A NaN whose payload differs from the default quiet NaN's.
+at::Tensor other_nan() {
+  const uint32_t bits = 0x7fc00001;
+  float f = 0;
+  std::memcpy(&f, &bits, sizeof f);
+  return floats({f});
+}
+
+TEST(PlainCpuBytes, OnlyADenseContiguousCpuTensor) {
+  const at::Tensor m = at::arange(6, at::kFloat).reshape({2, 3});
+  struct Case {
+    const char* name;
+    at::Tensor t;
+    bool plain;
+  };
+  const Case cases[] = {
+      {"contiguous", m, true},
+      {"empty", at::empty({0}), true},
+      {"transposed", m.t(), false},
+      {"sparse", m.to_sparse(), false},
+      {"meta", at::empty({2}, at::TensorOptions().device(c10::kMeta)), false},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(plain_cpu_bytes(c.t), c.plain) << c.name;
+  }
+}
+
+TEST(SameBytes, ComparesBytesShapeAndDtype) {
+  const at::Tensor m = at::arange(6, at::kFloat).reshape({2, 3});
+  struct Case {
+    const char* name;
+    at::Tensor a;
+    at::Tensor b;
+    bool same;
+  };
+  const Case cases[] = {
+      {"equal", m, m.clone(), true},
+      {"one element differs", m, m.clone().index_put_({0, 0}, 9.0), false},
+      {"same NaN", floats({kNaN}), floats({kNaN}), true},
+      // An element-wise == would call these equal (0.0 == -0.0) or unequal
+      // (NaN != NaN); the bytes say otherwise.
+      {"NaN payloads", floats({kNaN}), other_nan(), false},
+      {"zero and minus zero", floats({0.0f}), floats({-0.0f}), false},
+      {"shape", m, m.reshape({3, 2}), false},
+      {"dtype", m, m.to(at::kInt), false},
+      {"a transposed copy of the same values", m.t(), m.t().contiguous(), true},
+      {"empty", at::empty({0}), at::empty({0}), true},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(same_bytes(c.a, c.b), c.same) << c.name;
+  }
+}
+
+TEST(Snapshot, TellsWhetherAnythingWroteIntoTheTensor) {
+  struct Case {
+    const char* name;
+    at::Tensor t;  ///< written at [0] after the snapshot when `write`
+    bool write;
+  };
+  const Case cases[] = {
+      {"plain, untouched", at::arange(4, at::kFloat), false},
+      {"plain, written", at::arange(4, at::kFloat), true},
+      {"strided (cloned), untouched", at::arange(8, at::kFloat).reshape({2, 4}).t(), false},
+      {"strided (cloned), written", at::arange(8, at::kFloat).reshape({2, 4}).t(), true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Snapshot snapshot(c.t);
+    if (c.write) {
+      at::Tensor first = c.t;
+      while (first.dim() > 0) first = first.select(0, 0);
+      first.fill_(-1.0);
+    }
+    EXPECT_EQ(snapshot.unchanged(c.t), !c.write);
+  }
+  // Bytes taken of one tensor do not match another that is not plain.
+  const at::Tensor t = at::arange(4, at::kFloat);
+  EXPECT_FALSE(Snapshot(t).unchanged(t.reshape({2, 2}).t()));
+  EXPECT_FALSE(Snapshot(t).unchanged(t.narrow(0, 0, 3)));
+}
+
+TEST(Close, WithinTheToleranceAndNanAndInfinityInPlace) {
+  struct Case {
+    const char* name;
+    at::Tensor a;
+    at::Tensor b;
+    bool close;
+  };
+  const Case cases[] = {
+      {"equal", floats({1, 2}), floats({1, 2}), true},
+      {"within 1e-5", floats({1, 2}), floats({1, 2.00001f}), true},
+      {"beyond", floats({1, 2}), floats({1, 2.001f}), false},
+      {"NaN in the same place", floats({kNaN, 1}), floats({kNaN, 1}), true},
+      {"NaN in one only", floats({kNaN, 1}), floats({0, 1}), false},
+      {"infinity in the same place", floats({kInf, -kInf}), floats({kInf, -kInf}), true},
+      {"infinities of other signs", floats({kInf}), floats({-kInf}), false},
+      {"shape", floats({1, 2}), floats({1, 2}).reshape({2, 1}), false},
+      {"dtypes differ, values equal", floats({1, 2}), at::tensor({1.0, 2.0}, at::kDouble), true},
+      {"integers", at::arange(4, at::kInt), at::arange(4, at::kInt), true},
+      {"integers differ", at::arange(4, at::kInt), at::arange(4, at::kInt) + 1, false},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(close(c.a, c.b), c.close) << c.name;
+  }
+}
+
+TEST(MaxDiff, SaysByHowMuchOrThatTheShapesDiffer) {
+  EXPECT_EQ(max_diff(floats({1, 2}), floats({1, 2.25f})), "max |diff| 0.25");
+  EXPECT_EQ(max_diff(floats({1, 2}), floats({1, 2})), "max |diff| 0");
+  EXPECT_EQ(max_diff(at::zeros({2, 3}), at::zeros({3, 2})), "shape [2, 3] vs [3, 2]");
+}
+
+}  // namespace
+}  // namespace reloadsafe::harness
