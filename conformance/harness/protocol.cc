@@ -300,7 +300,7 @@ class ModeRun {
     at::Tensor out;
     bool replays_as_retraced = false;
     if (options_.trace) {
-      trace::ReadTrace retrace(capture_.forward->retrace_options());
+      trace::CheckingRetrace retrace(*capture_.forward);
       out = subject_.forward(x_);
       retrace.stop();
       const bool details = sink_.listing();

@@ -1,5 +1,7 @@
 #include "conformance/trace/capture.h"
 
+#include "conformance/trace/call_match.h"
+#include "conformance/trace/call_state.h"
 #include "conformance/trace/op_arguments.h"
 
 #include <ATen/core/stack.h>
@@ -120,9 +122,50 @@ std::string TensorNames::label(const TensorRead& read) const {
   return s;
 }
 
-CapturedForward::CapturedForward(const std::function<at::Tensor()>& forward) {
-  trace_ =
-      std::make_unique<ReadTrace>(ReadTrace::Options{/*nested=*/true, /*hold_arguments=*/true});
+// The capture's hook: holds every top-level call's arguments before it runs
+// and its results after, with the state it ran under.
+class CapturedForward::Holder final : public CallHook {
+ public:
+  void top_level_begin(const ReadTrace& trace, c10::ArrayRef<c10::IValue> args) override {
+    inputs_.clear();
+    inputs_.reserve(args.size());
+    for (const c10::IValue& v : args) inputs_.push_back(hold_as_captured(trace, v));
+  }
+
+  void top_level_end(const ReadTrace& /*trace*/, const c10::OperatorHandle& op,
+                     c10::ArrayRef<c10::IValue> returns) override {
+    held_.push_back(HeldCall{op, std::move(inputs_),
+                             std::vector<c10::IValue>(returns.begin(), returns.end()),
+                             CallState::current()});
+    inputs_ = {};
+  }
+
+  const std::vector<HeldCall>& held() const { return held_; }
+
+ private:
+  // An external tensor is held as a new tensor object on the same storage
+  // with the same layout: later rebinding of the caller's object (set_data,
+  // a new parameter) does not change what the capture reads, as it would not
+  // change the addresses a CUDA graph baked in. Internal tensors keep their
+  // identity, which is how a replay maps them to the results it recomputes.
+  // A Python tensor is held as itself: detaching it would run its subclass's
+  // dispatch (Note [Holding runs no op] in read_trace.cc).
+  static c10::IValue hold_as_captured(const ReadTrace& trace, const c10::IValue& v) {
+    return map_tensors(v, [&](const at::Tensor& t) -> at::Tensor {
+      if (!has_plain_storage(t)) return t;
+      if (!trace.classify(t.storage().unsafeGetStorageImpl()).value_or(false)) return t;
+      return at::Tensor(t.unsafeGetTensorImpl()->shallow_copy_and_detach(
+          /*version_counter=*/c10::VariableVersion(0), /*allow_tensor_metadata_change=*/false));
+    });
+  }
+
+  std::vector<c10::IValue> inputs_;
+  std::vector<HeldCall> held_;
+};
+
+CapturedForward::CapturedForward(const std::function<at::Tensor()>& forward)
+    : holder_(std::make_unique<Holder>()) {
+  trace_ = std::make_unique<ReadTrace>(ReadTrace::Options{/*nested=*/true, holder_.get()});
   try {
     output_ = forward();
   } catch (...) {
@@ -136,6 +179,12 @@ CapturedForward::CapturedForward(const std::function<at::Tensor()>& forward) {
       break;
     }
   }
+}
+
+CapturedForward::~CapturedForward() = default;
+
+const std::vector<HeldCall>& CapturedForward::held_calls() const {
+  return holder_->held();
 }
 
 std::vector<CapturedRead> CapturedForward::reads(const TensorNames& names, bool details) const {
@@ -169,19 +218,62 @@ std::vector<CapturedRead> CapturedForward::reads(const TensorNames& names, bool 
   return out;
 }
 
-ReadTrace::Options CapturedForward::retrace_options() const {
-  return ReadTrace::Options{/*nested=*/true, /*hold_arguments=*/false, /*expected=*/trace_.get()};
+// Note [A checking retrace]
+// A protocol retraces the forward after every reload and asks two questions
+// of the retrace against the capture: what changed (compare) and whether the
+// retrace is its own replay (replays_as). Both look at a call only to find
+// what differs from the captured call at the same position, and a call that
+// is the captured one in every respect either looks at (same_call) adds
+// nothing to either answer. A CheckingRetrace therefore keeps only the calls
+// that differ, with their positions, and the count of all calls; compare and
+// replays_as walk the kept calls by position and give the answers a full
+// retrace gives (capture_test runs both on the same forward and requires the
+// same answers).
+//
+// Its hook first tells each call against the expected call from the call's
+// arguments, without a record (is_expected_call, call_match.h, classifying
+// a storage seen for the first time through the trace's own rule).
+// Whatever that cannot tell (an object, a tensor without a plain storage, a
+// provisional storage, any difference) is recorded as any trace records it
+// and then compared with same_call, so a call is dropped only if its record
+// would have been the expected one. The trace never lets a hook drop a
+// record that reads a storage whose classification is provisional (Note
+// [Inside or before the scope] in read_trace.cc). A forward that stayed put
+// then costs a retrace no record for most calls, and nothing to walk or free
+// afterwards.
+
+CheckingRetrace::CheckingRetrace(const CapturedForward& capture)
+    : expected_(capture.trace().ops()), trace_(ReadTrace::Options{/*nested=*/true, this}) {}
+
+bool CheckingRetrace::skip(ReadTrace& trace, size_t position, int depth,
+                           const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
+  return position < expected_.size() &&
+         is_expected_call(expected_[position], depth, schema, args.data(), args.size(),
+                          [&](const at::Tensor& t) { return trace.classify_argument(t); });
 }
 
-// compare and replays_as walk the retrace's kept calls by position: every
-// call of a full retrace, or the calls a checking retrace kept (Note [A
-// checking retrace] in read_trace.cc), the others being the captured calls.
+bool CheckingRetrace::keep(size_t position, const OpCall& call) {
+  if (position < expected_.size() && same_call(expected_[position], call)) return false;
+  positions_.push_back(position);
+  return true;
+}
+
 std::vector<ReadChange> CapturedForward::compare(const ReadTrace& retrace, const TensorNames& names,
+                                                 bool details) const {
+  return compare(Kept{retrace.ops(), nullptr, retrace.calls()}, names, details);
+}
+
+std::vector<ReadChange> CapturedForward::compare(const CheckingRetrace& retrace,
+                                                 const TensorNames& names, bool details) const {
+  return compare(Kept{retrace.kept(), &retrace.positions_, retrace.calls()}, names, details);
+}
+
+std::vector<ReadChange> CapturedForward::compare(const Kept& retrace, const TensorNames& names,
                                                  bool details) const {
   std::vector<ReadChange> out;
   const auto& before = trace_->ops();
-  const auto& kept = retrace.ops();
-  const size_t common = std::min(before.size(), retrace.calls());
+  const auto& kept = retrace.ops;
+  const size_t common = std::min(before.size(), retrace.calls);
   size_t k = 0;
   for (; k < kept.size() && retrace.position(k) < common; ++k) {
     const size_t i = retrace.position(k);
@@ -198,14 +290,14 @@ std::vector<ReadChange> CapturedForward::compare(const ReadTrace& retrace, const
     compare_objects(a, b, names, details, out);
     compare_reads(a, b, names, details, out);
   }
-  if (before.size() != retrace.calls()) {
+  if (before.size() != retrace.calls) {
     // A call past the captured ones has nothing to be checked against: it is
     // kept, and the first is kept[k].
     const std::string extra =
-        before.size() < retrace.calls() ? std::string(kept[k].name) : "(none)";
+        before.size() < retrace.calls ? std::string(kept[k].name) : "(none)";
     out.push_back(
         ReadChange{"op sequence", "length changed", std::to_string(before.size()) + " ops",
-                   std::to_string(retrace.calls()) + " ops (first new: " + extra + ")", ""});
+                   std::to_string(retrace.calls) + " ops (first new: " + extra + ")", ""});
   }
   return out;
 }
@@ -245,7 +337,7 @@ std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
     }
   };
 
-  for (const HeldCall& call : trace_->held_calls()) {
+  for (const HeldCall& call : holder_->held()) {
     torch::jit::Stack stack;
     stack.reserve(call.inputs.size());
     for (const c10::IValue& v : call.inputs) stack.push_back(map_value(v));
@@ -293,8 +385,16 @@ std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
 // subclass wrapper whose attributes changed) makes replays_as() false, and
 // the replay runs.
 bool CapturedForward::replays_as(const ReadTrace& retrace) const {
-  const auto& kept = retrace.ops();
-  if (trace_->ops().size() != retrace.calls()) return false;
+  return replays_as(Kept{retrace.ops(), nullptr, retrace.calls()});
+}
+
+bool CapturedForward::replays_as(const CheckingRetrace& retrace) const {
+  return replays_as(Kept{retrace.kept(), &retrace.positions_, retrace.calls()});
+}
+
+bool CapturedForward::replays_as(const Kept& retrace) const {
+  const auto& kept = retrace.ops;
+  if (trace_->ops().size() != retrace.calls) return false;
   for (size_t k = 0; k < kept.size(); ++k) {
     if (!same_call(trace_->ops()[retrace.position(k)], kept[k])) return false;
   }

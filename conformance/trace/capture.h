@@ -16,11 +16,16 @@
 //    After a reload that moved a tensor, the held copy is the stale one, so
 //    the result differs from a fresh load: the evidence a GPU replay gives.
 //    Each op runs under the thread-local state it ran under at capture
-//    (CallState in read_trace.h: autocast, grad and inference mode), so a
+//    (CallState in call_state.h: autocast, grad and inference mode), so a
 //    forward that enters autocast replays as it ran, whatever the replaying
 //    thread's state.
 //  - replays_as(): did the retrace make exactly the captured calls, so that
 //    a replay would compute what the retraced forward just did?
+//
+// Both the capture and its checking retrace (CheckingRetrace) are a
+// ReadTrace with this file's CallHook: the capture's holds every top-level
+// call's arguments, the retrace's skips every call that is the captured one
+// (call_match.h). The trace itself only records.
 //
 // Invariant: a CapturedForward never changes the tensors it holds except
 // through the captured ops themselves (in-place ops write where they wrote at
@@ -35,6 +40,7 @@
 
 #include "conformance/trace/read_trace.h"
 #include "conformance/trace/tensor_location.h"
+#include "conformance/trace/trace_records.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -131,55 +137,112 @@ class TensorNames {
   std::unordered_map<const void*, std::string> objects_;
 };
 
+class CheckingRetrace;
+
 class CapturedForward {
  public:
-  /// Runs `forward` once under a ReadTrace that holds every top-level op's
-  /// arguments. Exceptions from `forward` propagate (nothing is left
-  /// recording).
+  /// Runs `forward` once under a ReadTrace whose hook holds every top-level
+  /// op's arguments and results (held_calls()). Exceptions from `forward`
+  /// propagate (nothing is left recording).
   explicit CapturedForward(const std::function<at::Tensor()>& forward);
+  ~CapturedForward();
+  CapturedForward(const CapturedForward&) = delete;
+  CapturedForward& operator=(const CapturedForward&) = delete;
 
   const ReadTrace& trace() const { return *trace_; }
   const at::Tensor& output() const { return output_; }
+
+  /// Every top-level op with its arguments and results, held as HeldCall
+  /// says, in call order: what replay() runs.
+  const std::vector<HeldCall>& held_calls() const;
 
   /// The external reads of the capture, named, and its opaque objects, in
   /// op order. With `details` false, each read's op and layout are left
   /// empty (nothing formatted), for a caller that counts and names them.
   std::vector<CapturedRead> reads(const TensorNames& names, bool details = true) const;
 
-  /// The options of a retrace that checks each call against the capture
-  /// and keeps only those that differ (ReadTrace::Options::expected): what
-  /// compare() and replays_as() need, at the cost of a record per call that
-  /// moved. The retrace must not outlive this capture.
-  ReadTrace::Options retrace_options() const;
-
-  /// The differences between the capture and `retrace` (the same forward
-  /// traced after a reload, in full or with retrace_options()), in op
-  /// order. Read names come from `names` (the names at capture). With
-  /// `details` false, the before and after of each change are left empty
-  /// (nothing formatted), for a caller that only counts and names them.
+  /// The differences between the capture and a retrace of the same forward
+  /// after a reload (a full ReadTrace, or a CheckingRetrace of this
+  /// capture), in op order. Read names come from `names` (the names at
+  /// capture). With `details` false, the before and after of each change
+  /// are left empty (nothing formatted), for a caller that only counts and
+  /// names them. Both forms of retrace give the same changes.
   std::vector<ReadChange> compare(const ReadTrace& retrace, const TensorNames& names,
+                                  bool details = true) const;
+  std::vector<ReadChange> compare(const CheckingRetrace& retrace, const TensorNames& names,
                                   bool details = true) const;
 
   /// Replays the captured top-level ops against the held tensors. Returns
   /// the replayed output, or nothing with the reason in `why`.
   std::optional<at::Tensor> replay(std::string* why) const;
 
-  /// Whether `retrace` made exactly the captured calls (Note [A retrace that
-  /// is its own replay] in capture.cc): as many, each the captured call in
-  /// every respect same_call (read_trace.h) looks at: the same ops in the
+  /// Whether the retrace made exactly the captured calls (Note [A retrace
+  /// that is its own replay] in capture.cc): as many, each the captured call
+  /// in every respect same_call (call_match.h) looks at: the same ops in the
   /// same order and depth, every tensor argument external where it was and,
   /// if so, at the captured place, the same opaque objects, and every other
   /// argument equal by its fingerprint, known for each top-level op. The
   /// replay then runs the same ops on the same bytes with the same values
   /// as the retraced forward did, so its result is that forward's.
   bool replays_as(const ReadTrace& retrace) const;
+  bool replays_as(const CheckingRetrace& retrace) const;
 
  private:
+  class Holder;
+  // A retrace as compare() and replays_as() walk it: the calls it kept, the
+  // position of each among all `calls` calls (null: kept[k] is call k).
+  struct Kept {
+    const std::vector<OpCall>& ops;
+    const std::vector<size_t>* positions;
+    size_t calls;
+    size_t position(size_t k) const { return positions != nullptr ? (*positions)[k] : k; }
+  };
+  std::vector<ReadChange> compare(const Kept& retrace, const TensorNames& names,
+                                  bool details) const;
+  bool replays_as(const Kept& retrace) const;
+
+  std::unique_ptr<Holder> holder_;  // the capture's hook; outlives trace_
   std::unique_ptr<ReadTrace> trace_;
   at::Tensor output_;
   /// The first captured op that draws random numbers (empty if none): found
   /// once at capture, since it rules out every replay.
   std::string_view random_op_;
+};
+
+/// The forward traced again after a reload, each call checked against the
+/// capture as it is made (Note [A checking retrace] in capture.cc): a call
+/// that is the captured call at its position (same_call) is counted and not
+/// kept; any other is kept with its position. compare() and replays_as()
+/// give the answers a full retrace gives, at the cost of a record per call
+/// that moved. Traces the calling thread from construction until stop();
+/// must not outlive the capture.
+class CheckingRetrace final : private CallHook {
+ public:
+  explicit CheckingRetrace(const CapturedForward& capture);
+
+  /// Stops tracing (idempotent); on the thread that started it.
+  void stop() { trace_.stop(); }
+
+  /// The calls that differ from the captured call at their position, in
+  /// call order.
+  const std::vector<OpCall>& kept() const { return trace_.ops(); }
+  /// The position of kept()[k] among every call of the retrace.
+  size_t position(size_t k) const { return positions_[k]; }
+  /// Every call of the retrace, kept or not.
+  size_t calls() const { return trace_.calls(); }
+  /// The calls the retrace recorded in full: those it could not tell from
+  /// their arguments, kept or dropped after the record.
+  size_t records() const { return trace_.records(); }
+
+ private:
+  friend class CapturedForward;  // walks kept() with positions_
+  bool skip(ReadTrace& trace, size_t position, int depth, const c10::FunctionSchema& schema,
+            c10::ArrayRef<c10::IValue> args) override;
+  bool keep(size_t position, const OpCall& call) override;
+
+  const std::vector<OpCall>& expected_;
+  std::vector<size_t> positions_;
+  ReadTrace trace_;  // last: it starts tracing, with this hook
 };
 
 }  // namespace reloadsafe::trace

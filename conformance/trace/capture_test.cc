@@ -1,5 +1,7 @@
 #include "conformance/trace/capture.h"
 
+#include "conformance/trace/call_match.h"
+
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
@@ -56,8 +58,8 @@ at::Tensor packed_mm(const at::Tensor& x, const c10::IValue& object) {
 }
 
 // The forward traced again after a change, both ways at once: in full, and
-// checking each call against the capture (CapturedForward::retrace_options,
-// Note [A checking retrace] in read_trace.cc). Both must give the same
+// checking each call against the capture (CheckingRetrace, Note [A
+// checking retrace] in capture.cc). Both must give the same
 // answers; the full retrace's are returned.
 struct Retraced {
   std::vector<ReadChange> changes;
@@ -68,7 +70,7 @@ struct Retraced {
 Retraced retrace(const CapturedForward& capture, const TensorNames& names,
                  const std::function<at::Tensor()>& forward) {
   ReadTrace full;
-  ReadTrace checking(capture.retrace_options());
+  CheckingRetrace checking(capture);
   Retraced r;
   r.out = forward();
   checking.stop();
@@ -93,13 +95,13 @@ Retraced retrace(const CapturedForward& capture, const TensorNames& names,
     const bool same =
         i < capture.trace().ops().size() && same_call(capture.trace().ops()[i], full.ops()[i]);
     if (same) continue;
-    EXPECT_LT(k, checking.ops().size()) << "call " << i << " differs but was dropped";
-    if (k >= checking.ops().size()) break;
+    EXPECT_LT(k, checking.kept().size()) << "call " << i << " differs but was dropped";
+    if (k >= checking.kept().size()) break;
     EXPECT_EQ(checking.position(k), i);
-    EXPECT_EQ(checking.ops()[k].name, full.ops()[i].name);
+    EXPECT_EQ(checking.kept()[k].name, full.ops()[i].name);
     ++k;
   }
-  EXPECT_EQ(k, checking.ops().size()) << "a call the same as the captured one was kept";
+  EXPECT_EQ(k, checking.kept().size()) << "a call the same as the captured one was kept";
   return r;
 }
 
@@ -132,6 +134,27 @@ TEST(CapturedForward, AReplacedKernelObjectIsAViolationNamingItAndTheOp) {
   EXPECT_FALSE(at::allclose(*replayed, packed_mm(x, repacked)));
 }
 
+TEST(CapturedForward, HeldCallsKeepTheCapturedTensorsAliveAsTheCaptureSawThem) {
+  std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> weak;
+  std::optional<CapturedForward> capture;
+  const c10::TensorImpl* original = nullptr;
+  {
+    at::Tensor w = at::randn({8});
+    weak.emplace(w.storage().getWeakStorageImpl());
+    original = w.unsafeGetTensorImpl();
+    capture.emplace([&] { return at::neg(w); });
+    w.set_data(at::zeros({8}));  // rebinding the caller's object later...
+  }
+  ASSERT_EQ(capture->held_calls().size(), 1u);
+  EXPECT_FALSE(weak->expired()) << "the held call keeps w's storage as the capture saw it";
+  const at::Tensor held = capture->held_calls()[0].inputs[0].toTensor();
+  EXPECT_NE(held.unsafeGetTensorImpl(), original) << "...does not change what the capture holds";
+  EXPECT_EQ(held.storage().unsafeGetStorageImpl(), weak->lock().get());
+  EXPECT_EQ(capture->held_calls()[0].outputs.size(), 1u);
+  // The capture's trace is a plain record: one call, no arguments kept in it.
+  EXPECT_EQ(capture->trace().ops().size(), 1u);
+}
+
 TEST(CapturedForward, AForwardThatReadsTheSameTensorsComparesClean) {
   Weights m;
   const at::Tensor x = at::randn({2, 4});
@@ -154,19 +177,19 @@ TEST(CapturedForward, ACheckingRetraceRecordsOnlyTheCallsThatMoved) {
   CapturedForward capture([&] { return m.forward(x); });
   m.w.copy_(at::randn({8, 4}));
   {
-    ReadTrace checking(capture.retrace_options());
+    CheckingRetrace checking(capture);
     m.forward(x);
     checking.stop();
     EXPECT_EQ(checking.calls(), capture.trace().ops().size());
     EXPECT_EQ(checking.records(), 0u);
-    EXPECT_TRUE(checking.ops().empty());
+    EXPECT_TRUE(checking.kept().empty());
   }
   m.scale = at::rand({8}) + 0.5;  // rebuilt: only the op that reads it moved
-  ReadTrace checking(capture.retrace_options());
+  CheckingRetrace checking(capture);
   m.forward(x);
   checking.stop();
-  ASSERT_EQ(checking.ops().size(), 1u);
-  EXPECT_EQ(checking.ops()[0].name, "aten::mul.Tensor");
+  ASSERT_EQ(checking.kept().size(), 1u);
+  EXPECT_EQ(checking.kept()[0].name, "aten::mul.Tensor");
   EXPECT_EQ(checking.records(), 1u);
   ReadTrace full;
   m.forward(x);

@@ -47,6 +47,27 @@ void for_each_tensor(const c10::IValue& v, OnTensor&& on_tensor) {
   for_each_in_argument(v, on_tensor, [](const c10::IValue&) {});
 }
 
+/// What a call reads, the one rule for recording a call and for telling it
+/// against an expected one (call_match.h): `on_read(tensor, arg, element)`
+/// for every tensor argument among `args[0..num_args)` that is a memory read
+/// (defined, and not a wrapped number such as Python's `x * 0.5` makes),
+/// `on_object(value, arg)` for every opaque object, in argument order.
+template <typename OnRead, typename OnObject>
+void for_each_read(const c10::IValue* args, size_t num_args, OnRead&& on_read,
+                   OnObject&& on_object) {
+  for (size_t i = 0; i < num_args; ++i) {
+    const int arg = static_cast<int>(i);
+    for_each_in_argument(
+        args[i],
+        [&](const at::Tensor& t, int element) {
+          if (t.defined() && !t.unsafeGetTensorImpl()->is_wrapped_number()) {
+            on_read(t, arg, element);
+          }
+        },
+        [&](const c10::IValue& object) { on_object(object, arg); });
+  }
+}
+
 /// `v` with every tensor in it replaced by `fn(tensor)`: a Tensor, a
 /// Tensor[] or a Tensor?[] of the same length (None stays None); any other
 /// value is returned as it is.

@@ -34,7 +34,7 @@
 // is switched off by PyTorch (Note [Inside a subclass's dispatch] in
 // read_trace.cc).
 //
-// The key is DispatchKey::TESTING_ONLY_GenericMode: it sits above autograd,
+// The key is kTraceKey (trace_key.h), DispatchKey::TESTING_ONLY_GenericMode: it sits above autograd,
 // functionalization and the Python key, so ops are seen as the caller issued
 // them, and nothing in PyTorch itself registers a kernel for it. The price is
 // that a process can hold one fallback for it: another library registering
@@ -61,13 +61,18 @@
 //  - a TorchBind object handed to an op (a packed weight such as fbgemm's
 //    LinearPackedParamsBase, a oneDNN handle) is an ObjectRead: its class and
 //    identity (the object and the C++ instance it holds). The tensors it
-//    reports (a registered ObjectTensors function for its class, else its
-//    `unpack()` method) are recorded as reads of that op too, when two
-//    calls report the same storages (a method that builds new tensors on
+//    reports (object_tensors.h) are recorded as reads of that op too, when
+//    two calls report the same storages (a method that builds new tensors on
 //    every call reports nothing stable to check).
 //
 // A trace opened while another is active on the same thread records the
 // same calls as the outer one; neither misses any.
+//
+// The trace records, and only that: what it records is in trace_records.h,
+// when a retraced call is a captured one in call_match.h. Its owner may
+// extend it around each call through one CallHook (a capture holds every
+// top-level call's arguments; a checking retrace skips the calls that are
+// the captured ones): capture.h owns both.
 //
 // What the trace cannot see:
 //  - kernels launched without the dispatcher: a raw Triton launch, a cuBLAS or
@@ -93,169 +98,66 @@
 #pragma once
 
 #include "conformance/trace/memory_census.h"
+#include "conformance/trace/object_tensors.h"
 #include "conformance/trace/tensor_location.h"
+#include "conformance/trace/trace_key.h"
+#include "conformance/trace/trace_records.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
-#include <c10/core/AutogradState.h>
-#include <c10/core/ScalarType.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/ArrayRef.h>
 #include <c10/util/SmallVector.h>
 #include <c10/util/flat_hash_map.h>
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
-#include <string>
-#include <string_view>
 #include <thread>
-#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace reloadsafe::trace {
 
-/// The dispatch key the trace owns (see Note [Why a mode-key fallback and not
-/// RecordFunction]).
-constexpr c10::DispatchKey kTraceKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
+class ReadTrace;
 
-/// One tensor argument of one op, as the op received it: where the tensor
-/// was (TensorLocation; its storage fields are empty for a tensor without a
-/// plain storage) and where the op took it.
-struct TensorRead : TensorLocation {
-  int arg = 0;              ///< index of the argument in the op's schema
-  int element = -1;         ///< index in a Tensor[] argument; -1 for a single tensor
-  std::string arg_name;     ///< the schema's name for the argument ("self", "mat2")
-  bool written = false;     ///< the schema says the op writes it (in-place, out=)
-  bool external = false;    ///< see the invariant at the top of this file
-  bool has_storage = true;  ///< false for tensors without storage (sparse, nested)
-  /// A tensor that dispatches in Python (a `__torch_dispatch__` subclass):
-  /// no storage fields are read; has_storage is false.
-  bool subclass = false;
-  /// For a tensor an opaque object reported: that object's identity
-  /// (ObjectRead::identity); null for an argument of the op itself.
-  const void* object = nullptr;
-
-  /// "aten::mm arg 1 (mat2)"-style position of this read, given its op.
-  std::string where(std::string_view op_name) const;
-};
-
-/// One opaque (TorchBind) object handed to an op.
-struct ObjectRead {
-  int arg = 0;
-  std::string arg_name;
-  /// "quantized.LinearPackedParamsBase" (TorchBind's namespace prefix cut).
-  std::string class_name;
-  /// The script object's identity, and of the C++ instance it holds (its
-  /// first slot's capsule): either changes when the object is replaced or
-  /// re-made in place. For comparison only: never dereferenced.
-  const void* identity = nullptr;
-  const void* payload = nullptr;
-
-  /// "aten::mm arg 1 (mat2)"-style position of this read, given its op.
-  std::string where(std::string_view op_name) const;
-  /// "quantized.LinearPackedParamsBase@0x..." (identity).
-  std::string describe() const;
-};
-
-/// The tensors an opaque object of one class holds, for the trace to check
-/// like any read. Must not run ops that matter (it runs with the trace off)
-/// and must return the same tensors on every call.
-using ObjectTensors = std::function<std::vector<at::Tensor>(const c10::IValue& object)>;
-
-/// Registers `fn` for objects whose class is `class_name` (the qualified
-/// name, e.g. "__torch__.torch.classes.quantized.LinearPackedParamsBase",
-/// or the short form ObjectRead::class_name gives). Thread-safe.
-void register_object_tensors(const std::string& class_name, ObjectTensors fn);
-
-/// One op call seen by the trace.
-struct OpCall {
-  /// "aten::mm", with the overload: "aten::add.Tensor". A view of a string
-  /// the trace makes once per op name and never frees (Note [Op names] in
-  /// read_trace.cc): valid for the life of the process.
-  std::string_view name;
-  int depth = 0;  ///< 0: called by the traced code; n: called inside a depth n-1 op
-  /// Inline up to kInlineReads reads: a forward's ops mostly read one to
-  /// three tensors, and a heap vector per op was a trace's most frequent
-  /// allocation.
-  static constexpr unsigned kInlineReads = 3;
-  c10::SmallVector<TensorRead, kInlineReads> reads;
-  std::vector<ObjectRead> objects;  ///< opaque objects among the arguments
-  /// For a top-level op (depth 0), a fingerprint of its other arguments
-  /// (Note [The other arguments' fingerprint] in read_trace.cc): numbers,
-  /// shapes, flags, strings and devices by value, a wrapped number (`x *
-  /// 0.5` from Python) by its value, a Python subclass tensor by its
-  /// identity. Two calls whose fingerprints are equal were handed equal
-  /// values.
-  uint64_t constants = 0;
-  /// False for a nested op, and when an argument has no fingerprint (a
-  /// generator, a Python object, an op recorded without its arguments):
-  /// then no two calls' other arguments count as equal.
-  bool constants_known = false;
-};
-
-/// Whether `retraced` is the op `captured` is in shape: the same op at the
-/// same depth, with as many reads and objects.
-bool same_op(const OpCall& captured, const OpCall& retraced);
-
-/// The same object: the same C++ instance where the objects hold one (a
-/// TorchBind object handed from C++ gets a new script object on every call),
-/// else the same script object.
-bool same_object(const ObjectRead& captured, const ObjectRead& retraced);
-
-/// Whether the retraced call `retraced` is the captured call `captured` in
-/// every respect a retrace is judged by: the same op at the same depth with
-/// as many reads and objects; the same objects; every read taken from the
-/// same argument and element, external, subclass and storage-less alike,
-/// and an external one at the same place (TensorLocation::same_place); for
-/// a top-level call, other arguments known and equal. A retrace made of
-/// such calls has nothing to report (CapturedForward::compare) and is its
-/// own replay (CapturedForward::replays_as).
-bool same_call(const OpCall& captured, const OpCall& retraced);
-
-/// The thread-local state a top-level op ran under, as far as it changes
-/// what the op computes: the local dispatch key set (what autocast,
-/// inference mode and other guards include or exclude; the trace's own key
-/// taken out), the autograd state (grad and inference mode) and the autocast
-/// dtypes. A replay runs each op under its own (ReplayState), so a forward
-/// that enters autocast replays under autocast, whatever the replaying
-/// thread's state is.
-struct CallState {
-  c10::impl::LocalDispatchKeySet keys{c10::impl::PODLocalDispatchKeySet{}};
-  c10::AutogradState autograd{/*grad_mode=*/false, /*inference_mode=*/false,
-                              /*fw_grad_mode=*/false, /*multithreading_enabled=*/true};
-  c10::ScalarType autocast_cpu = c10::ScalarType::BFloat16;
-  c10::ScalarType autocast_cuda = c10::ScalarType::Half;
-
-  /// The calling thread's state now, the trace's key taken out.
-  static CallState current();
-};
-
-/// Sets the thread's state to `state` for its lifetime, then puts the
-/// previous one back.
-class ReplayState {
+/// What the owner of a trace may do around each call it sees: the one
+/// extension point of a ReadTrace. CapturedForward (capture.h) is its user:
+/// its capture holds every top-level call's arguments and results, its
+/// checking retrace skips the calls that are the captured ones. Called on
+/// the tracing thread, with the trace's own work going on (nothing a hook
+/// runs is recorded), and only for the calls the trace records (with
+/// Options::nested false, not for nested ones).
+class CallHook {
  public:
-  explicit ReplayState(const CallState& state);
-  ~ReplayState();
-  ReplayState(const ReplayState&) = delete;
-  ReplayState& operator=(const ReplayState&) = delete;
+  virtual ~CallHook() = default;
 
- private:
-  CallState previous_;
-};
+  /// Before the call at `position` (its index among every call the trace
+  /// sees) is recorded: true if it needs no record. The trace then counts it
+  /// (ReadTrace::calls()) and records nothing. `args` are the call's
+  /// arguments, empty when the trace has none (an op seen by the observer
+  /// without them). The skip path of a trace, run for every call: keep it
+  /// cheap. A hook that classifies an argument does it through
+  /// ReadTrace::classify_argument.
+  virtual bool skip(ReadTrace& /*trace*/, size_t /*position*/, int /*depth*/,
+                    const c10::FunctionSchema& /*schema*/, c10::ArrayRef<c10::IValue> /*args*/) {
+    return false;
+  }
 
-/// The boxed arguments and results of a depth-0 op, held as a capture holds
-/// them: every tensor kept alive; an external tensor as a new object on the
-/// same storage with the same layout (rebinding the caller's object later
-/// does not change what the capture reads), an internal one, a subclass
-/// tensor and an opaque object as themselves.
-struct HeldCall {
-  c10::OperatorHandle op;
-  std::vector<c10::IValue> inputs;
-  std::vector<c10::IValue> outputs;
-  CallState state;  ///< what the op ran under (replayed under it)
+  /// After the call at `position` was recorded as `call` (the last of
+  /// ReadTrace::ops()): false to take the record out again. Not asked for a
+  /// record that reads a storage whose classification is still provisional
+  /// (Note [Inside or before the scope] in read_trace.cc): such a record is
+  /// kept, since the end of its top-level call may still change it.
+  virtual bool keep(size_t /*position*/, const OpCall& /*call*/) { return true; }
+
+  /// Around a top-level call that was recorded and kept: its arguments
+  /// before it runs and its results after it ran (end is not called if the
+  /// op throws).
+  virtual void top_level_begin(const ReadTrace& /*trace*/, c10::ArrayRef<c10::IValue> /*args*/) {}
+  virtual void top_level_end(const ReadTrace& /*trace*/, const c10::OperatorHandle& /*op*/,
+                             c10::ArrayRef<c10::IValue> /*returns*/) {}
 };
 
 /// Records op calls on the current thread from construction until stop() or
@@ -267,17 +169,8 @@ class ReadTrace {
   struct Options {
     /// Record ops called inside other ops (depth > 0).
     bool nested = true;
-    /// Keep every depth-0 op's arguments and results (held_calls()), which
-    /// keeps their tensors alive until the trace is destroyed.
-    bool hold_arguments = false;
-    /// Check each call against the call `expected` (a stopped trace, which
-    /// must outlive this one) recorded at the same position, instead of
-    /// keeping every call: a call that is the expected one in every respect
-    /// a retrace is judged by (same_call) is counted and dropped; any other
-    /// is kept in ops(), with its position in position(). A retrace then
-    /// makes no record for most calls that stayed put (Note [A checking
-    /// retrace] in read_trace.cc).
-    const ReadTrace* expected = nullptr;
+    /// The owner's hook around each call (CallHook); must outlive the trace.
+    CallHook* hook = nullptr;
   };
 
   ReadTrace() : ReadTrace(Options{}) {}
@@ -291,31 +184,28 @@ class ReadTrace {
 
   bool active() const { return active_; }
 
-  /// Every op seen, in call order; with Options::expected, only the calls
-  /// that were not the expected one (see position()).
+  /// The calls recorded, in call order: every call seen, unless a hook
+  /// skipped or dropped some (CallHook).
   const std::vector<OpCall>& ops() const { return ops_; }
 
-  /// How many calls the trace saw, dropped ones included.
+  /// How many calls the trace saw, those a hook skipped or dropped included.
   size_t calls() const { return calls_; }
 
-  /// How many calls the trace recorded in full: every call, unless it
-  /// checks against Options::expected; then only those it could not tell
-  /// from their arguments (Note [A checking retrace] in read_trace.cc), kept
-  /// or dropped after the record.
+  /// How many calls the trace recorded, those a hook dropped after the
+  /// record included.
   size_t records() const { return records_; }
-
-  /// The position of ops()[k] among all the calls seen: k, unless the trace
-  /// checks against Options::expected.
-  size_t position(size_t k) const { return options_.expected != nullptr ? positions_[k] : k; }
-
-  /// With Options::hold_arguments: every depth-0 op with its arguments.
-  const std::vector<HeldCall>& held_calls() const { return held_; }
 
   /// Every external read, in call order, with the index of its op.
   std::vector<std::pair<size_t, TensorRead>> external_reads() const;
 
   /// Whether the trace saw storage `storage` and, if so, whether external.
   std::optional<bool> classify(const c10::StorageImpl* storage) const;
+
+  /// For a hook's skip(): whether `t`, an argument of the call being decided
+  /// with a plain storage (has_plain_storage), is external, by the rule a
+  /// record uses (a storage seen for the first time is classified now, and
+  /// that classification is kept); nothing while it is provisional.
+  std::optional<bool> classify_argument(const at::Tensor& t);
 
   /// Called by the dispatcher fallback for `tls_innermost`; not for users.
   static void dispatch(ReadTrace* innermost, const c10::OperatorHandle& op, c10::DispatchKeySet ks,
@@ -330,9 +220,9 @@ class ReadTrace {
 
  private:
   struct CallInProgress {
-    bool recorded = false;
-    size_t first_op = 0;  // ops_.size() when the call began
-    std::vector<c10::IValue> held_inputs;
+    bool recorded = false;  // recorded, or skipped by the hook: its results are noted
+    bool hooked = false;    // the hook's top_level_begin ran
+    size_t first_op = 0;    // ops_.size() when the call began
   };
   // The traces active on this thread, `innermost` first.
   static c10::SmallVector<ReadTrace*, 4> active_chain(ReadTrace* innermost);
@@ -350,33 +240,27 @@ class ReadTrace {
                   c10::ArrayRef<c10::IValue> args, CallInProgress& call);
   void end_call(const c10::OperatorHandle& op, const c10::FunctionSchema& schema,
                 c10::ArrayRef<c10::IValue> returns, CallInProgress& call);
+  // Records the call as ops_.back(); on a throw nothing is left recorded.
+  void record(const c10::FunctionSchema& schema, const c10::IValue* args, size_t num_args);
   bool records_nested() const { return options_.nested; }
   void add_object(OpCall& call, const c10::IValue& v, int arg, const c10::Argument& schema_arg);
   // Records `t` as the read `r` (a new element of an op's reads).
   void fill_read(TensorRead& r, const at::Tensor& t, int arg, int element,
                  const c10::Argument& schema_arg);
   void note_result(const at::Tensor& t);
-  c10::IValue hold_as_captured(const c10::IValue& v) const;
   // Whether the storage at `storage_data` on `device` existed before the
   // trace began (Note [Inside or before the scope]).
   bool existed_before(const c10::Device& device, const void* storage_data) const;
   // Whether the plain storage `impl` of `t`, an argument of the current
   // call, is external: its classification, made at its first sight and
-  // kept (pending_ if provisional). Both a record and a check without one
-  // classify through here, so the two cannot disagree.
+  // kept (pending_ if provisional). A record and a hook's skip both classify
+  // through here, so the two cannot disagree.
   bool classify_read(const at::Tensor& t, c10::StorageImpl* impl);
   void resolve_pending(size_t first_op, const std::vector<const c10::StorageImpl*>& returned);
   // Whether `storage`'s classification is still provisional (pending_), and
   // whether `call` reads such a storage.
   bool is_pending(const void* storage) const;
   bool reads_pending(const OpCall& call) const;
-  // Whether a call of `schema` with `args` (its num_args arguments) would be
-  // recorded as a call same_call() to `expected`, told without recording it;
-  // false also where that cannot be told cheaply (Note [A checking retrace]).
-  // Not const: a storage seen for the first time is classified on the way.
-  bool is_expected_call(const OpCall& expected, const c10::FunctionSchema& schema,
-                        const c10::IValue* args, size_t num_args);
-  bool is_expected_read(const TensorRead& expected, const at::Tensor& t, int arg, int element);
 
   CpuCensusScope census_;  // see Note [Inside or before the scope]
   Options options_;
@@ -388,8 +272,6 @@ class ReadTrace {
   std::vector<OpCall> ops_;
   size_t calls_ = 0;
   size_t records_ = 0;
-  std::vector<size_t> positions_;  // with Options::expected: ops_[k]'s position
-  std::vector<HeldCall> held_;
   // Storage identity -> external?; the weak reference keeps the identity
   // from being reused by a new storage while the trace lives.
   struct Seen {

@@ -8,6 +8,7 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <functional>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -221,7 +222,7 @@ TEST(ReadTrace, AnObjectWhoseTensorsChangeOnEveryCallReportsNone) {
 
 TEST(ReadTrace, ATraceOpenedInsideAnotherLeavesTheOuterOneRecording) {
   const at::Tensor a = at::randn({4, 4});
-  ReadTrace outer(ReadTrace::Options{/*nested=*/false, /*hold_arguments=*/false});
+  ReadTrace outer(ReadTrace::Options{/*nested=*/false});
   at::relu(a);
   {
     ReadTrace inner;
@@ -243,7 +244,7 @@ TEST(ReadTrace, NamesEachOpWithItsOverloadByOneSharedString) {
   const at::Tensor a = at::randn({3});
   const at::Tensor b = at::randn({3});
   auto names_of = [&] {
-    ReadTrace trace({/*nested=*/false, /*hold_arguments=*/false});
+    ReadTrace trace(ReadTrace::Options{/*nested=*/false});
     at::add(a, b);
     at::neg(a);
     at::add(a, 2.0);
@@ -332,25 +333,83 @@ TEST(ReadTrace, AScopeThatThrowsLeavesNoCallbackBehind) {
   EXPECT_EQ(trace.ops().size(), 2u) << "a stopped trace records nothing";
 }
 
-TEST(ReadTrace, HeldCallsKeepTheCapturedTensorsAliveAsTheCaptureSawThem) {
-  std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> weak;
-  std::optional<ReadTrace> trace;
-  const c10::TensorImpl* original = nullptr;
-  {
-    at::Tensor w = at::randn({8});
-    weak.emplace(w.storage().getWeakStorageImpl());
-    original = w.unsafeGetTensorImpl();
-    trace.emplace(ReadTrace::Options{/*nested=*/true, /*hold_arguments=*/true});
-    at::neg(w);
-    trace->stop();
-    w.set_data(at::zeros({8}));  // rebinding the caller's object later...
+// A hook that skips, drops and watches calls by rule, and says what it saw.
+struct ScriptedHook : CallHook {
+  std::function<bool(size_t position, int depth)> skip_if = [](size_t, int) { return false; };
+  std::function<bool(size_t position)> drop_if = [](size_t) { return false; };
+  std::vector<size_t> kept_positions;
+  int begun = 0;
+  int ended = 0;
+  size_t last_args = 0;
+
+  bool skip(ReadTrace&, size_t position, int depth, const c10::FunctionSchema&,
+            c10::ArrayRef<c10::IValue>) override {
+    return skip_if(position, depth);
   }
-  ASSERT_EQ(trace->held_calls().size(), 1u);
-  EXPECT_FALSE(weak->expired()) << "the held call keeps w's storage as the capture saw it";
-  const at::Tensor held = trace->held_calls()[0].inputs[0].toTensor();
-  EXPECT_NE(held.unsafeGetTensorImpl(), original) << "...does not change what the capture holds";
-  EXPECT_EQ(held.storage().unsafeGetStorageImpl(), weak->lock().get());
-  EXPECT_EQ(trace->held_calls()[0].outputs.size(), 1u);
+  bool keep(size_t position, const OpCall&) override {
+    if (drop_if(position)) return false;
+    kept_positions.push_back(position);
+    return true;
+  }
+  void top_level_begin(const ReadTrace&, c10::ArrayRef<c10::IValue> args) override {
+    ++begun;
+    last_args = args.size();
+  }
+  void top_level_end(const ReadTrace&, const c10::OperatorHandle&,
+                     c10::ArrayRef<c10::IValue> returns) override {
+    ++ended;
+    EXPECT_EQ(returns.size(), 1u);
+  }
+};
+
+TEST(ReadTrace, AHookDecidesWhichCallsAreRecordedAndKept) {
+  const at::Tensor w = at::randn({8});
+  struct Case {
+    const char* what;
+    std::function<bool(size_t, int)> skip_if;
+    std::function<bool(size_t)> drop_if;
+    std::vector<std::string_view> ops;  // recorded and kept, in order
+    size_t records;
+    int top_level_hooked;  // begin and end calls for kept top-level calls
+  };
+  const std::vector<Case> cases = {
+      {"no say", [](size_t, int) { return false; }, [](size_t) { return false; },
+       {"aten::neg", "aten::abs", "aten::relu"}, 3, 3},
+      {"skips the second call", [](size_t p, int) { return p == 1; }, [](size_t) { return false; },
+       {"aten::neg", "aten::relu"}, 2, 2},
+      {"drops the first record", [](size_t, int) { return false; }, [](size_t p) { return p == 0; },
+       {"aten::abs", "aten::relu"}, 3, 2},
+      {"skips everything", [](size_t, int) { return true; }, [](size_t) { return false; }, {}, 0, 0},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    ScriptedHook hook;
+    hook.skip_if = c.skip_if;
+    hook.drop_if = c.drop_if;
+    ReadTrace trace(ReadTrace::Options{/*nested=*/false, &hook});
+    at::relu(at::abs(at::neg(w)));
+    trace.stop();
+    std::vector<std::string_view> names;
+    for (const OpCall& op : trace.ops()) names.push_back(op.name);
+    EXPECT_EQ(names, c.ops);
+    EXPECT_EQ(trace.calls(), 3u) << "every call is counted, skipped or not";
+    EXPECT_EQ(trace.records(), c.records);
+    EXPECT_EQ(hook.begun, c.top_level_hooked);
+    EXPECT_EQ(hook.ended, c.top_level_hooked);
+    if (c.top_level_hooked > 0) {
+      EXPECT_EQ(hook.last_args, 1u) << "the op's arguments";
+    }
+  }
+}
+
+TEST(ReadTrace, WithoutAHookEveryCallIsRecordedAndCounted) {
+  // Without a hook nothing changes: calls() and records() count every call.
+  const at::Tensor w = at::randn({8});
+  ReadTrace trace;
+  at::neg(w);
+  trace.stop();
+  EXPECT_EQ(trace.calls(), trace.ops().size());
+  EXPECT_EQ(trace.records(), trace.ops().size());
 }
 
 TEST(ReadTrace, TensorsAllocatedInsideTheScopeWithoutAnOpAreInternal) {

@@ -1,0 +1,179 @@
+#include "conformance/trace/call_match.h"
+
+#include "conformance/trace/read_trace.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/ScalarType.h>
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace reloadsafe::trace {
+namespace {
+
+std::optional<uint64_t> fingerprint(std::vector<c10::IValue> args) {
+  return fingerprint_of(args.data(), args.size());
+}
+
+TEST(Fingerprint, EqualValuesAgreeAndEveryDifferenceShows) {
+  struct Case {
+    const char* what;
+    std::vector<c10::IValue> a;
+    std::vector<c10::IValue> b;
+    bool equal;
+  };
+  const at::Tensor t = at::randn({2});
+  const std::vector<Case> cases = {
+      {"the same int", {int64_t{3}}, {int64_t{3}}, true},
+      {"another int", {int64_t{3}}, {int64_t{4}}, false},
+      {"1 and 1.0", {int64_t{1}}, {1.0}, false},
+      {"1 and true", {int64_t{1}}, {true}, false},
+      {"-0.0 and 0.0 (never equal when unsure)", {-0.0}, {0.0}, false},
+      {"the same shape", {c10::List<int64_t>({2, 3})}, {c10::List<int64_t>({2, 3})}, true},
+      {"shapes in another order", {c10::List<int64_t>({2, 3})}, {c10::List<int64_t>({3, 2})}, false},
+      {"a shorter list", {c10::List<int64_t>({2, 3})}, {c10::List<int64_t>({2})}, false},
+      {"None and 0", {c10::IValue()}, {int64_t{0}}, false},
+      {"the same string", {std::string("sum")}, {std::string("sum")}, true},
+      {"another string", {std::string("sum")}, {std::string("mean")}, false},
+      {"devices", {c10::Device(c10::kCPU)}, {c10::Device(c10::kCPU)}, true},
+      {"a plain tensor counts by its presence only", {t}, {at::randn({5})}, true},
+      {"a tensor and None", {t}, {c10::IValue()}, false},
+      {"wrapped numbers by value", {at::scalar_to_tensor(2.0)}, {at::scalar_to_tensor(2.0)}, true},
+      {"wrapped numbers that differ", {at::scalar_to_tensor(2.0)}, {at::scalar_to_tensor(3.0)},
+       false},
+      {"argument order", {int64_t{1}, int64_t{2}}, {int64_t{2}, int64_t{1}}, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    std::vector<c10::IValue> a = c.a;
+    std::vector<c10::IValue> b = c.b;
+    for (auto* v : {&a, &b}) {
+      for (c10::IValue& e : *v) {
+        // A wrapped number is what Python's `x * 0.5` hands the op.
+        if (e.isTensor() && e.toTensor().dim() == 0) e.toTensor().unsafeGetTensorImpl()->set_wrapped_number(true);
+      }
+    }
+    const auto fa = fingerprint(a);
+    const auto fb = fingerprint(b);
+    ASSERT_TRUE(fa.has_value() && fb.has_value());
+    EXPECT_EQ(*fa == *fb, c.equal);
+  }
+}
+
+TEST(Fingerprint, AValueWithoutOneMakesTheCallsUnknown) {
+  EXPECT_FALSE(fingerprint({at::detail::getDefaultCPUGenerator()}).has_value());
+  EXPECT_TRUE(fingerprint({}).has_value());
+}
+
+TEST(SameObject, TheCppInstanceDecidesWhereThereIsOne) {
+  int script_a = 0, script_b = 0, instance_a = 0, instance_b = 0;
+  struct Case {
+    const char* what;
+    ObjectRead a;
+    ObjectRead b;
+    bool same;
+  };
+  auto object = [](const void* identity, const void* payload) {
+    ObjectRead o;
+    o.identity = identity;
+    o.payload = payload;
+    return o;
+  };
+  const std::vector<Case> cases = {
+      {"the same script object", object(&script_a, nullptr), object(&script_a, nullptr), true},
+      {"another script object", object(&script_a, nullptr), object(&script_b, nullptr), false},
+      {"a new script object around the same C++ instance (handed from C++)",
+       object(&script_a, &instance_a), object(&script_b, &instance_a), true},
+      {"the same script object, its instance swapped in place", object(&script_a, &instance_a),
+       object(&script_a, &instance_b), false},
+      {"an instance on one side only", object(&script_a, &instance_a), object(&script_a, nullptr),
+       false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    EXPECT_EQ(same_object(c.a, c.b), c.same);
+  }
+}
+
+// One recorded call of `fn`, the first top-level op it makes.
+OpCall record(const std::function<void()>& fn) {
+  ReadTrace trace(ReadTrace::Options{/*nested=*/false});
+  fn();
+  trace.stop();
+  EXPECT_FALSE(trace.ops().empty());
+  return trace.ops().empty() ? OpCall{} : trace.ops().front();
+}
+
+// The rule in both its forms: same_call between records, and
+// is_expected_call from the live arguments, on the same pairs of calls.
+TEST(CallMatch, BothFormsOfTheRuleAgreeOnEveryCase) {
+  const at::Tensor w = at::randn({4, 4});
+  const at::Tensor x = at::randn({2, 4});
+  const at::Tensor w_copy = w.clone();
+  const at::Tensor w_wide = at::randn({4, 8});
+  const c10::OperatorHandle mm = c10::Dispatcher::singleton().findSchemaOrThrow("aten::mm", "");
+  const c10::OperatorHandle mul =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::mul", "Scalar");
+  struct Case {
+    const char* what;
+    std::function<void()> captured;
+    std::function<void()> retraced;
+    c10::OperatorHandle op;  // the retraced call's op
+    std::vector<c10::IValue> args;   // and its arguments
+    bool same;
+  };
+  const std::vector<Case> cases = {
+      {"the same tensors", [&] { at::mm(x, w); }, [&] { at::mm(x, w); }, mm, {x, w}, true},
+      {"a copy of the weight elsewhere", [&] { at::mm(x, w); }, [&] { at::mm(x, w_copy); }, mm,
+       {x, w_copy}, false},
+      {"a view in another layout", [&] { at::mm(x, w); }, [&] { at::mm(x, w.t()); }, mm,
+       {x, w.t()}, false},
+      {"another shape", [&] { at::mm(x, w); }, [&] { at::mm(x, w_wide); }, mm, {x, w_wide}, false},
+      {"the same scalar", [&] { at::mul(w, 2.0); }, [&] { at::mul(w, 2.0); }, mul,
+       {w, c10::Scalar(2.0)}, true},
+      {"another scalar baked in", [&] { at::mul(w, 2.0); }, [&] { at::mul(w, 3.0); }, mul,
+       {w, c10::Scalar(3.0)}, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const OpCall captured = record(c.captured);
+    const OpCall retraced = record(c.retraced);
+    EXPECT_EQ(same_call(captured, retraced), c.same);
+    // Every tensor here existed before: external, as the trace classifies it.
+    auto external = [](const at::Tensor&) -> std::optional<bool> { return true; };
+    EXPECT_EQ(is_expected_call(captured, 0, c.op.schema(), c.args.data(), c.args.size(), external),
+              c.same);
+  }
+}
+
+TEST(CallMatch, TheSkipPathSaysNoWhereItCannotTell) {
+  const at::Tensor w = at::randn({4, 4});
+  const at::Tensor x = at::randn({2, 4});
+  const c10::OperatorHandle mm = c10::Dispatcher::singleton().findSchemaOrThrow("aten::mm", "");
+  const OpCall captured = record([&] { at::mm(x, w); });
+  const std::vector<c10::IValue> args = {x, w};
+  auto external = [](const at::Tensor&) -> std::optional<bool> { return true; };
+  auto provisional = [](const at::Tensor&) -> std::optional<bool> { return std::nullopt; };
+  auto internal = [](const at::Tensor&) -> std::optional<bool> { return false; };
+  ASSERT_TRUE(is_expected_call(captured, 0, mm.schema(), args.data(), args.size(), external));
+  EXPECT_FALSE(is_expected_call(captured, 1, mm.schema(), args.data(), args.size(), external))
+      << "another depth";
+  EXPECT_FALSE(is_expected_call(captured, 0, mm.schema(), args.data(), args.size(), provisional))
+      << "a provisional classification";
+  EXPECT_FALSE(is_expected_call(captured, 0, mm.schema(), args.data(), args.size(), internal))
+      << "made by the forward where the capture read it from outside";
+  EXPECT_FALSE(is_expected_call(captured, 0, mm.schema(), nullptr, 0, external))
+      << "arguments unknown";
+  const c10::OperatorHandle addmm =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::addmm", "");
+  EXPECT_FALSE(is_expected_call(captured, 0, addmm.schema(), args.data(), args.size(), external))
+      << "another op";
+}
+
+}  // namespace
+}  // namespace reloadsafe::trace
