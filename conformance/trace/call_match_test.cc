@@ -35,7 +35,10 @@ TEST(Fingerprint, EqualValuesAgreeAndEveryDifferenceShows) {
       {"1 and true", {int64_t{1}}, {true}, false},
       {"-0.0 and 0.0 (never equal when unsure)", {-0.0}, {0.0}, false},
       {"the same shape", {c10::List<int64_t>({2, 3})}, {c10::List<int64_t>({2, 3})}, true},
-      {"shapes in another order", {c10::List<int64_t>({2, 3})}, {c10::List<int64_t>({3, 2})}, false},
+      {"shapes in another order",
+       {c10::List<int64_t>({2, 3})},
+       {c10::List<int64_t>({3, 2})},
+       false},
       {"a shorter list", {c10::List<int64_t>({2, 3})}, {c10::List<int64_t>({2})}, false},
       {"None and 0", {c10::IValue()}, {int64_t{0}}, false},
       {"the same string", {std::string("sum")}, {std::string("sum")}, true},
@@ -44,7 +47,9 @@ TEST(Fingerprint, EqualValuesAgreeAndEveryDifferenceShows) {
       {"a plain tensor counts by its presence only", {t}, {at::randn({5})}, true},
       {"a tensor and None", {t}, {c10::IValue()}, false},
       {"wrapped numbers by value", {at::scalar_to_tensor(2.0)}, {at::scalar_to_tensor(2.0)}, true},
-      {"wrapped numbers that differ", {at::scalar_to_tensor(2.0)}, {at::scalar_to_tensor(3.0)},
+      {"wrapped numbers that differ",
+       {at::scalar_to_tensor(2.0)},
+       {at::scalar_to_tensor(3.0)},
        false},
       {"argument order", {int64_t{1}, int64_t{2}}, {int64_t{2}, int64_t{1}}, false},
   };
@@ -55,7 +60,8 @@ TEST(Fingerprint, EqualValuesAgreeAndEveryDifferenceShows) {
     for (auto* v : {&a, &b}) {
       for (c10::IValue& e : *v) {
         // A wrapped number is what Python's `x * 0.5` hands the op.
-        if (e.isTensor() && e.toTensor().dim() == 0) e.toTensor().unsafeGetTensorImpl()->set_wrapped_number(true);
+        if (e.isTensor() && e.toTensor().dim() == 0)
+          e.toTensor().unsafeGetTensorImpl()->set_wrapped_number(true);
       }
     }
     const auto fa = fingerprint(a);
@@ -123,21 +129,37 @@ TEST(CallMatch, BothFormsOfTheRuleAgreeOnEveryCase) {
     const char* what;
     std::function<void()> captured;
     std::function<void()> retraced;
-    c10::OperatorHandle op;  // the retraced call's op
-    std::vector<c10::IValue> args;   // and its arguments
+    c10::OperatorHandle op;         // the retraced call's op
+    std::vector<c10::IValue> args;  // and its arguments
     bool same;
   };
   const std::vector<Case> cases = {
       {"the same tensors", [&] { at::mm(x, w); }, [&] { at::mm(x, w); }, mm, {x, w}, true},
-      {"a copy of the weight elsewhere", [&] { at::mm(x, w); }, [&] { at::mm(x, w_copy); }, mm,
-       {x, w_copy}, false},
-      {"a view in another layout", [&] { at::mm(x, w); }, [&] { at::mm(x, w.t()); }, mm,
-       {x, w.t()}, false},
+      {"a copy of the weight elsewhere",
+       [&] { at::mm(x, w); },
+       [&] { at::mm(x, w_copy); },
+       mm,
+       {x, w_copy},
+       false},
+      {"a view in another layout",
+       [&] { at::mm(x, w); },
+       [&] { at::mm(x, w.t()); },
+       mm,
+       {x, w.t()},
+       false},
       {"another shape", [&] { at::mm(x, w); }, [&] { at::mm(x, w_wide); }, mm, {x, w_wide}, false},
-      {"the same scalar", [&] { at::mul(w, 2.0); }, [&] { at::mul(w, 2.0); }, mul,
-       {w, c10::Scalar(2.0)}, true},
-      {"another scalar baked in", [&] { at::mul(w, 2.0); }, [&] { at::mul(w, 3.0); }, mul,
-       {w, c10::Scalar(3.0)}, false},
+      {"the same scalar",
+       [&] { at::mul(w, 2.0); },
+       [&] { at::mul(w, 2.0); },
+       mul,
+       {w, c10::Scalar(2.0)},
+       true},
+      {"another scalar baked in",
+       [&] { at::mul(w, 2.0); },
+       [&] { at::mul(w, 3.0); },
+       mul,
+       {w, c10::Scalar(3.0)},
+       false},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);

@@ -293,8 +293,7 @@ std::vector<ReadChange> CapturedForward::compare(const Kept& retrace, const Tens
   if (before.size() != retrace.calls) {
     // A call past the captured ones has nothing to be checked against: it is
     // kept, and the first is kept[k].
-    const std::string extra =
-        before.size() < retrace.calls ? std::string(kept[k].name) : "(none)";
+    const std::string extra = before.size() < retrace.calls ? std::string(kept[k].name) : "(none)";
     out.push_back(
         ReadChange{"op sequence", "length changed", std::to_string(before.size()) + " ops",
                    std::to_string(retrace.calls) + " ops (first new: " + extra + ")", ""});

@@ -2,8 +2,8 @@
 
 #include "conformance/trace/trace_key.h"
 
-#include <ATen/core/function.h>
 #include <ATen/core/class_type.h>
+#include <ATen/core/function.h>
 #include <ATen/core/stack.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>

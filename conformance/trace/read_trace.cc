@@ -265,8 +265,8 @@ void ReadTrace::begin_call(const c10::OperatorHandle& op, const c10::FunctionSch
   progress.first_op = ops_.size();
   progress.recorded = true;
   CallHook* hook = options_.hook;
-  if (hook != nullptr &&
-      hook->skip(*this, position, depth_, schema, c10::ArrayRef<c10::IValue>(call_args, num_args))) {
+  if (hook != nullptr && hook->skip(*this, position, depth_, schema,
+                                    c10::ArrayRef<c10::IValue>(call_args, num_args))) {
     ++depth_;
     return;
   }
@@ -352,8 +352,8 @@ void ReadTrace::end_call(const c10::OperatorHandle& op, const c10::FunctionSchem
                     std::vector<const c10::StorageImpl*>(returned.begin(), returned.end()));
   }
   if (progress.hooked) {
-    options_.hook->top_level_end(*this, op,
-                                 c10::ArrayRef<c10::IValue>(stack.end() - num_returns, num_returns));
+    options_.hook->top_level_end(
+        *this, op, c10::ArrayRef<c10::IValue>(stack.end() - num_returns, num_returns));
   }
 }
 

@@ -34,12 +34,11 @@
 // is switched off by PyTorch (Note [Inside a subclass's dispatch] in
 // read_trace.cc).
 //
-// The key is kTraceKey (trace_key.h), DispatchKey::TESTING_ONLY_GenericMode: it sits above autograd,
-// functionalization and the Python key, so ops are seen as the caller issued
-// them, and nothing in PyTorch itself registers a kernel for it. The price is
-// that a process can hold one fallback for it: another library registering
-// one for the same key fails at load time. The trace redispatches with the
-// key removed, and (by default) leaves it included while the op runs, so ops
+// The key is kTraceKey (trace_key.h), DispatchKey::TESTING_ONLY_GenericMode: it sits above
+// autograd, functionalization and the Python key, so ops are seen as the caller issued them, and
+// nothing in PyTorch itself registers a kernel for it. The price is that a process can hold one
+// fallback for it: another library registering one for the same key fails at load time. The trace
+// redispatches with the key removed, and (by default) leaves it included while the op runs, so ops
 // that an op calls internally (a composite's decomposition, a custom op's
 // implementation) are recorded too, one level deeper.
 //

@@ -373,13 +373,30 @@ TEST(ReadTrace, AHookDecidesWhichCallsAreRecordedAndKept) {
     int top_level_hooked;  // begin and end calls for kept top-level calls
   };
   const std::vector<Case> cases = {
-      {"no say", [](size_t, int) { return false; }, [](size_t) { return false; },
-       {"aten::neg", "aten::abs", "aten::relu"}, 3, 3},
-      {"skips the second call", [](size_t p, int) { return p == 1; }, [](size_t) { return false; },
-       {"aten::neg", "aten::relu"}, 2, 2},
-      {"drops the first record", [](size_t, int) { return false; }, [](size_t p) { return p == 0; },
-       {"aten::abs", "aten::relu"}, 3, 2},
-      {"skips everything", [](size_t, int) { return true; }, [](size_t) { return false; }, {}, 0, 0},
+      {"no say",
+       [](size_t, int) { return false; },
+       [](size_t) { return false; },
+       {"aten::neg", "aten::abs", "aten::relu"},
+       3,
+       3},
+      {"skips the second call",
+       [](size_t p, int) { return p == 1; },
+       [](size_t) { return false; },
+       {"aten::neg", "aten::relu"},
+       2,
+       2},
+      {"drops the first record",
+       [](size_t, int) { return false; },
+       [](size_t p) { return p == 0; },
+       {"aten::abs", "aten::relu"},
+       3,
+       2},
+      {"skips everything",
+       [](size_t, int) { return true; },
+       [](size_t) { return false; },
+       {},
+       0,
+       0},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
