@@ -1,7 +1,5 @@
 #include "conformance/case_json.h"
 
-#include "conformance/case_runner.h"
-
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 

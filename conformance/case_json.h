@@ -31,9 +31,14 @@ using Json = nlohmann::json;
 /// A result, keys in the order golden/FORMAT.md lists them.
 using OJson = nlohmann::ordered_json;
 
+/// The deepest nesting of JSON arrays and objects a case line may have (a
+/// guard against stack exhaustion on hostile input). The parser stops at the
+/// first array or object beyond it, so such a line reports no id.
+inline constexpr int kMaxJsonDepth = 64;
+
 /// Parses one case line. Throws nlohmann::json::parse_error on bad JSON, and
 /// a c10::Error as soon as arrays and objects nest deeper than
-/// kMaxJsonDepth (case_runner.h), before the rest of the line is read.
+/// kMaxJsonDepth, before the rest of the line is read.
 Json parse_case(const std::string& line);
 
 /// A short rendering of a JSON value for error messages (at most 40 bytes).

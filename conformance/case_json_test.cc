@@ -2,8 +2,6 @@
 // and refuse.
 #include "conformance/case_json.h"
 
-#include "conformance/case_runner.h"
-
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 

@@ -7,7 +7,8 @@
 // Invariant: evaluating a case never throws and never aborts the process,
 // whatever the input line holds. Every case the runner cannot evaluate (bad
 // JSON, unknown operation or dtype, negative or overflowing sizes, a layout
-// that does not fit its storage, a storage above kMaxCaseStorageBytes, an
+// that does not fit its storage, a storage above kMaxCaseStorageBytes
+// (case_tensors.h), JSON nested beyond kMaxJsonDepth (case_json.h), an
 // exception from a utility) yields a line `{"id": ..., "error": "..."}`.
 // Cases share no state: each builds its own tensors and layer.
 //
@@ -23,16 +24,6 @@
 #include <string>
 
 namespace reloadsafe::conformance {
-
-/// The most bytes of CPU storage one case may ask for, all its storages
-/// together (1 GiB). A case above it gets an error line instead of an
-/// allocation. Meta storages allocate nothing and do not count.
-inline constexpr int64_t kMaxCaseStorageBytes = int64_t{1} << 30;
-
-/// The deepest nesting of JSON arrays and objects a case line may have (a
-/// guard against stack exhaustion on hostile input). The parser stops at the
-/// first array or object beyond it, so such a line reports no id.
-inline constexpr int kMaxJsonDepth = 64;
 
 /// Evaluates one case, given as one line of JSON, and returns its result as
 /// one line of compact JSON (without a newline): the case's `id` first, then

@@ -1,6 +1,5 @@
 #include "conformance/case_tensors.h"
 
-#include "conformance/case_runner.h"
 #include "utils/storage_fit.h"
 
 #include <ATen/ops/empty.h>

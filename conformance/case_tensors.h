@@ -35,6 +35,11 @@
 
 namespace reloadsafe::conformance {
 
+/// The most bytes of CPU storage one case may ask for, all its storages
+/// together (1 GiB). A case above it gets an error line instead of an
+/// allocation. Meta storages allocate nothing and do not count.
+inline constexpr int64_t kMaxCaseStorageBytes = int64_t{1} << 30;
+
 /// Dtype, sizes, strides (elements) and offset (elements) of one tensor,
 /// with the bytes it needs from the start of its storage,
 /// `(offset + extent) * itemsize`, all checked against int64 overflow.

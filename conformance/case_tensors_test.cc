@@ -2,8 +2,6 @@
 // budget and the byte patterns.
 #include "conformance/case_tensors.h"
 
-#include "conformance/case_runner.h"
-
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 

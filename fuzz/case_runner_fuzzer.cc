@@ -7,7 +7,7 @@
 //  - echo the case's id when it evaluated the case (no "error");
 //  - return the same line when asked again (cases share no state).
 //
-// The runner lets a case allocate up to 1 GiB (kMaxCaseStorageBytes), which
+// The runner lets a case allocate up to 1 GiB (kMaxCaseStorageBytes, case_tensors.h), which
 // is legal but would make single inputs take seconds and gigabytes under
 // AddressSanitizer. The harness therefore installs a CPU allocator that
 // refuses allocations above kMaxAllocation with c10::OutOfMemoryError, as a

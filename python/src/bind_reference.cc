@@ -3,6 +3,7 @@
 #include "python/src/bindings.h"
 
 #include "conformance/case_runner.h"
+#include "conformance/case_tensors.h"
 #include "utils/reload_context.h"
 #include "utils/storage_fit.h"
 
