@@ -15,10 +15,11 @@
 namespace reloadsafe::harness {
 namespace {
 
-// The checkpoint layouts of a freshly created layer: every parameter slot
-// carrying a `_ckpt` record (a meta tensor with the checkpoint layout).
-// Post-processing may replace those objects, so this is read once, up front.
-Checkpoint checkpoint_layouts(const Layer& layer) {
+// The checkpoint layouts of a layer `backend` has just created: every
+// parameter slot carrying a `_ckpt` record (a meta tensor with the checkpoint
+// layout); a layer without any is refused. Post-processing may replace those
+// objects, so this is read once, up front.
+Checkpoint checkpoint_layouts(const Backend& backend, const Layer& layer) {
   Checkpoint layouts;
   for (const auto& [name, param] : layer.parameter_slots()) {
     const std::optional<AttrValue> record = find_attr(param, "_ckpt");
@@ -26,6 +27,8 @@ Checkpoint checkpoint_layouts(const Layer& layer) {
       layouts.emplace(name, std::get<at::Tensor>(*record));
     }
   }
+  TORCH_CHECK(!layouts.empty(), "backend '", backend.name(),
+              "' created no checkpoint parameter (use make_checkpoint_param or set _ckpt)");
   return layouts;
 }
 
@@ -59,9 +62,7 @@ ReloadSession::ReloadSession(const Backend& backend, const c10::Device& device,
                              uint64_t seed)
     : backend_(backend), device_(device) {
   layer_ = fresh != nullptr ? std::move(fresh) : backend_.create_layer(device_);
-  layouts_ = checkpoint_layouts(*layer_);
-  TORCH_CHECK(!layouts_.empty(), "backend '", backend_.name(),
-              "' created no checkpoint parameter (use make_checkpoint_param or set _ckpt)");
+  layouts_ = checkpoint_layouts(backend_, *layer_);
   load(*layer_, ckpt ? *ckpt : draw_from_pools(pools(), seed));
   backend_.process_weights_after_loading(*layer_);
 }
@@ -141,10 +142,7 @@ Checkpoint BackendSubject::draw_checkpoint(uint64_t seed) {
     // The layouts of a freshly created layer; the pools are fixed by them, so
     // every mode's session would draw the same ones.
     fresh_layer_ = backend_.create_layer(device_);
-    const Checkpoint layouts = checkpoint_layouts(*fresh_layer_);
-    TORCH_CHECK(!layouts.empty(), "backend '", backend_.name(),
-                "' created no checkpoint parameter (use make_checkpoint_param or set _ckpt)");
-    pools_ = checkpoint_pools(layouts);
+    pools_ = checkpoint_pools(checkpoint_layouts(backend_, *fresh_layer_));
   }
   return draw_from_pools(*pools_, seed);
 }

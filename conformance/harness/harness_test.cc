@@ -266,6 +266,40 @@ TEST(ReloadHarness, AForwardThatReadsNoWeightIsReportedAsSuch) {
   EXPECT_FALSE(report.ok());
 }
 
+// A layer whose only parameter carries no checkpoint layout (made without
+// make_checkpoint_param).
+class NoCheckpointParameter : public BadBackend {
+ public:
+  std::string name() const override { return "no_checkpoint_parameter"; }
+  std::string description() const override { return "a parameter without _ckpt"; }
+  std::shared_ptr<Layer> create_layer(const c10::Device&) const override {
+    auto layer = std::make_shared<Layer>();
+    layer->register_param("weight", at::zeros({4, 4}));
+    return layer;
+  }
+  at::Tensor forward(const Layer& l, const at::Tensor& x) const override {
+    return at::mm(x, l.get("weight").t());
+  }
+};
+
+TEST(ReloadHarness, ABackendWithoutACheckpointParameterIsToldHowToDeclareOne) {
+  const std::string says =
+      "backend 'no_checkpoint_parameter' created no checkpoint parameter (use "
+      "make_checkpoint_param or set _ckpt)";
+  const NoCheckpointParameter backend;
+  // A session on its own, and the protocol's subject (which reads the
+  // layouts before the first cold load).
+  try {
+    ReloadSession session(backend, c10::kCPU, /*seed=*/1);
+    ADD_FAILURE() << "the session was made";
+  } catch (const c10::Error& e) {
+    EXPECT_EQ(e.what_without_backtrace(), says);
+  }
+  const BackendReport report = run_backend(backend, quick());
+  ASSERT_EQ(report.modes.size(), 2u);
+  for (const auto& mode : report.modes) EXPECT_EQ(mode.error, says) << to_string(mode.mode);
+}
+
 // A correct backend that counts the layers the harness asks it for.
 class CountsLayers : public BadBackend {
  public:
