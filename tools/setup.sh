@@ -78,17 +78,24 @@ python_pip() {
 # installed: bitsandbytes falls back to its own CPU code and says so.
 QUANT_PACKAGES=(torchao==0.18.0 bitsandbytes==0.50.2)
 
-# Both take the environment as an optional argument (default: $VENV).
-quant_libraries_ready() {
-  "${1:-$VENV}/bin/python" - "${QUANT_PACKAGES[@]}" <<'PY' 2>/dev/null
+# Whether the Python PYTHON has every package named: NAME==VERSION at that
+# version, a bare NAME at any.
+packages_present() {
+  local python="$1"
+  shift
+  "$python" - "$@" <<'PY' 2>/dev/null
 import importlib.metadata as m, sys
 for spec in sys.argv[1:]:
-    name, version = spec.split("==")
-    if m.version(name) != version:
+    name, _, version = spec.partition("==")
+    found = m.version(name)  # raises, and so fails, when absent
+    if version and found != version:
         sys.exit(1)
-for name in ("numpy", "packaging"):
-    m.version(name)
 PY
+}
+
+# Both take the environment as an optional argument (default: $VENV).
+quant_libraries_ready() {
+  packages_present "${1:-$VENV}/bin/python" "${QUANT_PACKAGES[@]}" numpy packaging
 }
 
 install_quant_libraries() {
@@ -186,13 +193,7 @@ LINT_VENV="$CACHE/venv-lint"
 LINT_PACKAGES=(ruff==0.17.6 mypy==2.4.1)
 
 lint_venv_ready() {
-  "$LINT_VENV/bin/python" - "${LINT_PACKAGES[@]}" <<'PY' 2>/dev/null
-import importlib.metadata as m, sys
-for spec in sys.argv[1:]:
-    name, version = spec.split("==")
-    if m.version(name) != version:
-        sys.exit(1)
-PY
+  packages_present "$LINT_VENV/bin/python" "${LINT_PACKAGES[@]}"
 }
 
 install_lint_venv() {
