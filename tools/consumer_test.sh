@@ -36,36 +36,35 @@ trap 'rm -f "$rebuilt_log"' EXIT
 bzl test "$@" //:rebuilt_reload_test > "$rebuilt_log" 2>&1
 fail_rc=$?
 testlogs="$(bzl info "$@" bazel-testlogs)"
-python3 - "$xml" "$testlogs" "$pass_rc" "$fail_rc" <<'PY' || { cat "$rebuilt_log"; exit 1; }
+python3 - "$top/tools" "$xml" "$testlogs" "$pass_rc" "$fail_rc" <<'PY' || { cat "$rebuilt_log"; exit 1; }
 """Judges the two runs from their exit codes, test.xml and test.log."""
-import os
 import sys
-import xml.etree.ElementTree as ET
 from xml.sax.saxutils import escape
 
-out, testlogs, pass_rc, fail_rc = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+tools, out, logs_dir = sys.argv[1:4]
+pass_rc, fail_rc = int(sys.argv[4]), int(sys.argv[5])
+sys.path.insert(0, tools)
+from testlogs import read_testlogs  # noqa: E402  (tools/testlogs.py)
+
+targets = {t.label: t for t in read_testlogs(logs_dir)}
 
 
 def read(target):
-    d = os.path.join(testlogs, target)
-    xml_path, log_path = os.path.join(d, "test.xml"), os.path.join(d, "test.log")
-    cases = []
-    if os.path.exists(xml_path):
-        for case in ET.parse(xml_path).iter("testcase"):
-            failures = [f.get("message", "") + (f.text or "") for f in case.iter("failure")]
-            cases.append((f"{case.get('classname')}.{case.get('name')}", failures))
-    log = open(log_path, errors="replace").read() if os.path.exists(log_path) else ""
-    return cases, log
+    """The cases of //:target and its log; none where it left no test.xml."""
+    t = targets.get("//:" + target)
+    if t is None:
+        return [], ""
+    return t.cases, "".join(open(p, errors="replace").read() for p in t.logs)
 
 
 def passing():
     if pass_rc != 0:
         return f"bazel test //:my_kernels_reload_test exited {pass_rc}"
     cases, log = read("my_kernels_reload_test")
-    names = [n for n, _ in cases]
+    names = [c.name for c in cases]
     if "ReloadHarness.fused_qkv" not in names:
         return f"test.xml lists {names}, not ReloadHarness.fused_qkv"
-    if any(f for _, f in cases):
+    if any(c.status == "failed" for c in cases):
         return "test.xml has failures"
     rows = [line for line in log.splitlines() if line.startswith("fused_qkv ")]
     if "verdict" not in log or not rows or not rows[-1].rstrip().endswith("pass"):
@@ -77,10 +76,10 @@ def failing():
     if fail_rc != 3:  # bazel test: 3 when a test failed
         return f"bazel test //:rebuilt_reload_test exited {fail_rc}, not 3 (a failed test)"
     cases, log = read("rebuilt_reload_test")
-    failed = {n: f for n, f in cases if f}
+    failed = {c.name: c for c in cases if c.status == "failed"}
     if "ReloadHarness.fused_qkv_rebuilt" not in failed:
-        return f"test.xml has no failure for ReloadHarness.fused_qkv_rebuilt (cases: {[n for n, _ in cases]})"
-    if not any("qkv address" in text for text in failed["ReloadHarness.fused_qkv_rebuilt"]):
+        return f"test.xml has no failure for ReloadHarness.fused_qkv_rebuilt (cases: {[c.name for c in cases]})"
+    if "qkv address" not in failed["ReloadHarness.fused_qkv_rebuilt"].text:
         return "the failure does not name the tensor qkv"
     if "FAIL" not in log:
         return "the test log has no table with the FAIL verdict"

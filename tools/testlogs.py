@@ -13,7 +13,8 @@ one Target named after the test (`//fuzz:storage_fit_props_test`), never
 reported as targets of their own.
 
 Each test case is passed, failed or skipped:
-  - failed: a <failure> or <error> child;
+  - failed: a <failure> or <error> child (its message's last line in
+    `message`, all of it and the element's text in `text`);
   - skipped: a <skipped> child (pytest, gtest >= 1.10), `result="skipped"`
     (gtest) or `status="notrun"` (a disabled gtest test); the reason is the
     message's last line, or the element's text;
@@ -39,6 +40,7 @@ class Case:
     status: str               # "passed", "failed" or "skipped"
     message: str = ""         # skip reason or failure message, one line
     properties: dict = dataclasses.field(default_factory=dict)  # recorded values
+    text: str = ""            # a failure whole: its message, then its element's text
 
 
 @dataclasses.dataclass
@@ -70,7 +72,8 @@ def _case(node):
     if failure is None:
         failure = node.find("error")
     if failure is not None:
-        return Case(full, "failed", _last_line(failure.get("message") or failure.text), props)
+        text = "\n".join(part for part in (failure.get("message"), failure.text) if part)
+        return Case(full, "failed", _last_line(failure.get("message") or failure.text), props, text)
     skipped = node.find("skipped")
     if skipped is not None or node.get("result") == "skipped" or node.get("status") == "notrun":
         reason = ""

@@ -131,6 +131,7 @@ class TestlogsTest(unittest.TestCase):
         failed = [c for c in props.cases if c.status == "failed"]
         self.assertEqual(failed[0].name, "StorageFitProps.Places")
         self.assertEqual(failed[0].message, "Expected equality")
+        self.assertEqual(failed[0].text, "a.cc:10\nExpected equality\na.cc:10")
         self.assertEqual(targets["//bench:runs_test"].count("passed"), 4)
 
     def test_skips_with_their_reasons_and_recorded_properties(self):
