@@ -86,9 +86,10 @@ TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericMode, m) {
 }
 
 ReadTrace::ReadTrace(Options options) : options_(options) {
-  // A layer's forward: a few dozen ops, recorded without regrowing. (A
-  // trace whose hook skips most calls pays for the reservation once.)
-  ops_.reserve(32);
+  // A layer's forward: a few dozen ops, recorded without regrowing; a trace
+  // with a hook may record few of them (a checking retrace, usually none),
+  // and grows as it needs.
+  if (options_.hook == nullptr) ops_.reserve(32);
   // A forward reads a handful of storages: one table allocation, not a
   // rehash every few inserts while the trace is young.
   seen_.reserve(16);
@@ -317,8 +318,7 @@ void ReadTrace::record(const c10::FunctionSchema& schema, const c10::IValue* arg
   }
 }
 
-std::optional<bool> ReadTrace::classify_argument(const at::Tensor& t) {
-  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+std::optional<bool> ReadTrace::classify_first_sight(const at::Tensor& t, c10::StorageImpl* impl) {
   const bool external = classify_read(t, impl);
   if (is_pending(impl)) return std::nullopt;
   return external;

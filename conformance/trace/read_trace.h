@@ -204,7 +204,16 @@ class ReadTrace {
   /// with a plain storage (has_plain_storage), is external, by the rule a
   /// record uses (a storage seen for the first time is classified now, and
   /// that classification is kept); nothing while it is provisional.
-  std::optional<bool> classify_argument(const at::Tensor& t);
+  std::optional<bool> classify_argument(const at::Tensor& t) {
+    // The skip path's common case, inline: a storage seen before, while no
+    // classification is provisional.
+    c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+    if (pending_.empty()) {
+      auto it = seen_.find(impl);
+      if (it != seen_.end()) return it->second.external;
+    }
+    return classify_first_sight(t, impl);
+  }
 
   /// Called by the dispatcher fallback for `tls_innermost`; not for users.
   static void dispatch(ReadTrace* innermost, const c10::OperatorHandle& op, c10::DispatchKeySet ks,
@@ -255,6 +264,8 @@ class ReadTrace {
   // kept (pending_ if provisional). A record and a hook's skip both classify
   // through here, so the two cannot disagree.
   bool classify_read(const at::Tensor& t, c10::StorageImpl* impl);
+  // classify_argument() past its inline common case.
+  std::optional<bool> classify_first_sight(const at::Tensor& t, c10::StorageImpl* impl);
   void resolve_pending(size_t first_op, const std::vector<const c10::StorageImpl*>& returned);
   // Whether `storage`'s classification is still provisional (pending_), and
   // whether `call` reads such a storage.
