@@ -77,13 +77,21 @@ void TensorNames::add_object(const std::string& name, const void* identity) {
   objects_.emplace(identity, name);
 }
 
+const std::string* TensorNames::object_name(const ObjectRead& read) const {
+  for (const void* key : {read.identity, read.payload}) {
+    auto it = key != nullptr ? objects_.find(key) : objects_.end();
+    if (it != objects_.end()) return &it->second;
+  }
+  return nullptr;
+}
+
 bool TensorNames::named(const ObjectRead& read) const {
-  return objects_.count(read.identity) > 0;
+  return object_name(read) != nullptr;
 }
 
 std::string TensorNames::label(const ObjectRead& read) const {
-  auto it = objects_.find(read.identity);
-  return it == objects_.end() ? "undeclared object" : it->second;
+  const std::string* name = object_name(read);
+  return name != nullptr ? *name : "undeclared object";
 }
 
 void TensorNames::add(const std::string& name, const at::Tensor& t, bool declared) {

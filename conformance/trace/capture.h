@@ -64,7 +64,10 @@ struct NamedTensor {
 };
 
 /// An opaque object (a TorchBind script object) a layer can name, by
-/// identity (ObjectRead::identity).
+/// identity (ObjectRead::identity), or by the C++ instance it holds
+/// (ObjectRead::payload, as a torch::CustomClassHolder*): an object handed
+/// to its op from C++ is wrapped in a new script object on every call, and
+/// only its instance stays the same.
 struct NamedObject {
   std::string name;
   const void* identity = nullptr;
@@ -109,7 +112,7 @@ class TensorNames {
   explicit TensorNames(const std::vector<NamedTensor>& named);
   /// Adds one more name (the forward's input, for example).
   void add(const std::string& name, const at::Tensor& t, bool declared);
-  /// Names an opaque object (by ObjectRead::identity).
+  /// Names an opaque object (by ObjectRead::identity or ::payload).
   void add_object(const std::string& name, const void* identity);
 
   struct Found {
@@ -135,6 +138,8 @@ class TensorNames {
   };
   std::unordered_map<const void*, std::vector<Entry>> by_storage_;
   std::unordered_map<const void*, std::string> objects_;
+  // The name of `read`, by its identity, else its instance; null if none.
+  const std::string* object_name(const ObjectRead& read) const;
 };
 
 class CheckingRetrace;

@@ -406,6 +406,27 @@ TEST(CapturedForward, AKernelObjectHandedFromCppIsItsCppInstance) {
   EXPECT_EQ(replaced, 1);
 }
 
+// Such an object is named by its instance (NamedObject): the name labels the
+// object's reads whatever script object wraps the instance on each call.
+TEST(TensorNames, AnObjectHandedFromCppIsNamedByItsInstance) {
+  const at::Tensor x = at::randn({2, 4});
+  c10::intrusive_ptr<Packed> kernel = c10::make_intrusive<Packed>(at::randn({8, 4}));
+  auto forward = [&] { return packed_mm(x, c10::IValue(kernel)); };
+  CapturedForward capture(forward);
+  TensorNames names({});
+  names.add_object("kernel", static_cast<const torch::CustomClassHolder*>(kernel.get()));
+  int objects = 0;
+  for (const CapturedRead& r : capture.reads(names)) {
+    if (r.kind != CapturedRead::Kind::kObject) continue;
+    ++objects;
+    EXPECT_EQ(r.name, "kernel");
+    EXPECT_TRUE(r.declared);
+  }
+  EXPECT_EQ(objects, 1);
+  kernel = c10::make_intrusive<Packed>(at::randn({8, 4}));
+  EXPECT_EQ(whats(retrace(capture, names, forward).changes).count("kernel: object replaced"), 1u);
+}
+
 // A forward that enters autocast (or inference mode) inside: the replay,
 // run by a thread outside it, runs each op under the state it ran under.
 TEST(CapturedForward, AnOpReplaysUnderTheAutocastItRanUnder) {
