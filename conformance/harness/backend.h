@@ -55,6 +55,21 @@ class Backend {
   /// Plain attributes of the layer that the forward reads (derived tensors).
   virtual std::vector<std::string> derived_names() const { return {}; }
 
+  /// Tensors the forward's kernels read that the layer's tables do not hold
+  /// (a C++ kernel object's, a TorchBind instance's, a struct's behind a
+  /// pointer), under the names the engine gives them ("kernel.w1_scale").
+  /// C++ has no walker to find them, as the Python check's walker does, so
+  /// the backend lists them, as they are now. `declared`: the backend
+  /// promises their addresses, as for derived_names(); an undeclared one
+  /// only gives its reads a name.
+  virtual std::vector<NamedTensor> held_tensors(const Layer& /*layer*/) const { return {}; }
+
+  /// TorchBind objects the forward hands to ops, by name ("kernel"). One
+  /// handed from C++ (an intrusive_ptr) is named by its instance: identity
+  /// is the instance as a `torch::CustomClassHolder*`. Name the tensors it
+  /// holds in held_tensors() as well.
+  virtual std::vector<NamedObject> held_objects(const Layer& /*layer*/) const { return {}; }
+
   /// The modes in which the backend is expected to keep every address.
   virtual std::vector<ReloadMode> modes() const {
     return {ReloadMode::kNormal, ReloadMode::kDirect};

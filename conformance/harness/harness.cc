@@ -92,6 +92,9 @@ std::vector<std::pair<std::string, at::Tensor>> ReloadSession::kernel_visible() 
     at::Tensor t = layer_->get(name);
     if (t.defined()) tensors.emplace_back(name, t);
   }
+  for (const NamedTensor& held : backend_.held_tensors(*layer_)) {
+    if (held.declared && held.tensor.defined()) tensors.emplace_back(held.name, held.tensor);
+  }
   return tensors;
 }
 
@@ -108,7 +111,14 @@ std::vector<NamedTensor> ReloadSession::named_tensors() const {
   for (const auto& item : layer_->named_buffers(/*recurse=*/true)) {
     named.push_back({item.key(), item.value(), false});
   }
+  for (const NamedTensor& held : backend_.held_tensors(*layer_)) {
+    if (!held.declared && held.tensor.defined()) named.push_back(held);
+  }
   return named;
+}
+
+std::vector<NamedObject> ReloadSession::named_objects() const {
+  return backend_.held_objects(*layer_);
 }
 
 at::Tensor ReloadSession::cold_forward(const Checkpoint& ckpt, const at::Tensor& x) const {
@@ -170,6 +180,10 @@ at::Tensor BackendSubject::cold_forward(const Checkpoint& ckpt, const at::Tensor
 
 std::vector<NamedTensor> BackendSubject::named_tensors() {
   return session().named_tensors();
+}
+
+std::vector<NamedObject> BackendSubject::named_objects() {
+  return session().named_objects();
 }
 
 BackendReport run_backend(const Backend& backend, const RunOptions& options) {

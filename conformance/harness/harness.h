@@ -7,7 +7,8 @@
 // runs it in both modes.
 //
 // What a backend declares: the kernel-visible tensors, i.e. live parameters
-// under their runtime names (kernel_parameters) and derived_names(). Every
+// under their runtime names (kernel_parameters), derived_names() and the
+// declared held_tensors() of its kernel objects. Every
 // other parameter slot, plain attribute and buffer of the layer is known by
 // name but undeclared: a traced forward that reads it gets a warning, and a
 // reload that moves it a violation naming it.
@@ -58,12 +59,17 @@ class ReloadSession {
   void load_and_process(const Checkpoint& ckpt);
 
   /// Every tensor the backend declares the forward reads: live parameters
-  /// under their runtime names, then the backend's derived tensors.
+  /// under their runtime names, then the backend's derived tensors, then
+  /// the declared ones it holds outside the layer (held_tensors()).
   std::vector<std::pair<std::string, at::Tensor>> kernel_visible() const;
 
   /// kernel_visible() as declared names, then every other parameter slot,
-  /// plain attribute and buffer of the layer as undeclared names.
+  /// plain attribute and buffer of the layer and the backend's undeclared
+  /// held tensors as undeclared names.
   std::vector<NamedTensor> named_tensors() const;
+
+  /// The TorchBind objects the backend names (held_objects()).
+  std::vector<NamedObject> named_objects() const;
 
   /// The forward on `x` of a fresh cold load of `ckpt` on the same device:
   /// what a reload of `ckpt` must reproduce.
@@ -94,6 +100,7 @@ class BackendSubject : public ReloadSubject {
   at::Tensor forward(const at::Tensor& x) override;
   at::Tensor cold_forward(const Checkpoint& ckpt, const at::Tensor& x) override;
   std::vector<NamedTensor> named_tensors() override;
+  std::vector<NamedObject> named_objects() override;
   void release() override {
     session_.reset();
     fresh_layer_.reset();
