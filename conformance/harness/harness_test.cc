@@ -63,6 +63,18 @@ const std::map<std::string, std::vector<std::string>>& expected_flags() {
       // Re-made after every reload: missing at the declared check, and the
       // traced forward now makes what the capture read from outside.
       {"neg_workspace_per_reload", {"workspace"}},
+      // The C++ rows of the bug zoo (backends/zoo_backends.cc), under the
+      // names the upstream fixes used. A new TorchBind instance: the object
+      // and the tensors it holds, at the custom op and inside it.
+      {"zoo_Z01_cutlass_moe_buggy",
+       {"kernel", "kernel.ab_strides1", "kernel.c_strides1", "kernel.w1_scale",
+        "reloadsafe_zoo_cpp::cutlass_moe arg 3 (kernel)", "replay"}},
+      // A struct behind a pointer the layer does not declare.
+      {"zoo_Z05_machete_act_perm_buggy",
+       {"kernel.act_perm.perm (undeclared)", "aten::index.Tensor arg 1[1] (indices)", "replay"}},
+      // A plain C++ kernel object, and sort indices rebound on the layer.
+      {"zoo_Z02_marlin_workspace_buggy",
+       {"kernel.workspace", "g_idx_sort_indices", "aten::add.Tensor arg 1 (other)", "replay"}},
   };
   return *flags;
 }
@@ -104,6 +116,89 @@ const Backend& backend_named(const std::string& name) {
     if (b->name() == name) return *b;
   }
   throw std::runtime_error("no backend " + name);
+}
+
+// The C++ rows of the bug zoo, a pair each: the buggy backend is flagged in
+// both modes under the name the upstream fix used, the fixed one keeps
+// every address in both, without a warning.
+struct ZooPair {
+  const char* buggy;
+  const char* fixed;
+  const char* upstream_name;
+};
+
+// `flagged` names `name`: it is the name, or starts with it and a space
+// ("scale (undeclared)") or a dot ("kernel.w1_scale" names "kernel").
+bool names(const std::string& flagged, const std::string& name) {
+  return flagged.rfind(name, 0) == 0 &&
+         (flagged.size() == name.size() || flagged[name.size()] == ' ' ||
+          flagged[name.size()] == '.');
+}
+
+TEST(BugZoo, EachBuggyBackendIsFlaggedUnderTheUpstreamNameAndItsFixPasses) {
+  const ZooPair pairs[] = {
+      {"zoo_Z01_cutlass_moe_buggy", "zoo_Z01_cutlass_moe_fixed", "kernel.ab_strides1"},
+      {"zoo_Z05_machete_act_perm_buggy", "zoo_Z05_machete_act_perm_fixed", "kernel.act_perm"},
+      {"zoo_Z02_marlin_workspace_buggy", "zoo_Z02_marlin_workspace_fixed", "kernel.workspace"},
+  };
+  RunOptions options = quick();
+  options.max_listed = 1000;
+  for (const ZooPair& pair : pairs) {
+    SCOPED_TRACE(pair.buggy);
+    const Backend& buggy = backend_named(pair.buggy);
+    EXPECT_TRUE(buggy.negative_control());
+    EXPECT_EQ(buggy.expected_violation(), pair.upstream_name);
+    const BackendReport flagged = run_backend(buggy, options);
+    ASSERT_EQ(flagged.modes.size(), 2u);
+    for (const auto& mode : flagged.modes) {
+      SCOPED_TRACE(to_string(mode.mode));
+      EXPECT_EQ(mode.error, "");
+      EXPECT_TRUE(std::any_of(mode.flagged.begin(), mode.flagged.end(), [&](const std::string& f) {
+        return names(f, pair.upstream_name);
+      })) << to_table({flagged});
+    }
+    EXPECT_TRUE(flagged.ok());
+
+    const Backend& fixed = backend_named(pair.fixed);
+    EXPECT_FALSE(fixed.negative_control());
+    const BackendReport clean = run_backend(fixed, options);
+    ASSERT_EQ(clean.modes.size(), 2u);
+    for (const auto& mode : clean.modes) {
+      SCOPED_TRACE(to_string(mode.mode));
+      EXPECT_TRUE(mode.expected_to_pass);
+      EXPECT_TRUE(mode.clean()) << to_table({clean});
+      EXPECT_TRUE(mode.warnings.empty()) << to_table({clean});
+      EXPECT_EQ(mode.undeclared_reads, 0);
+    }
+    EXPECT_TRUE(clean.ok());
+  }
+}
+
+// A TorchBind instance handed to its op from C++ is named by the instance:
+// the buggy backend's new instance is "object replaced" under its name; the
+// fixed one, refilled in place, is the same object on every call.
+TEST(BugZoo, ATorchBindKernelHandedFromCppIsReplacedOnlyWhenItsInstanceIs) {
+  RunOptions options = quick();
+  options.max_listed = 1000;
+  const auto replaced = [](const ModeReport& mode) {
+    return std::count_if(mode.violations.begin(), mode.violations.end(),
+                         [](const Violation& v) { return v.what == "object replaced"; });
+  };
+  const BackendReport buggy = run_backend(backend_named("zoo_Z01_cutlass_moe_buggy"), options);
+  for (const auto& mode : buggy.modes) {
+    EXPECT_EQ(replaced(mode), options.reloads) << "once per reload";
+    for (const auto& v : mode.violations) {
+      if (v.what == "object replaced") {
+        EXPECT_EQ(v.tensor, "kernel");
+        EXPECT_EQ(v.read, "reloadsafe_zoo_cpp::cutlass_moe arg 3 (kernel)");
+      }
+    }
+  }
+  const BackendReport fixed = run_backend(backend_named("zoo_Z01_cutlass_moe_fixed"), options);
+  for (const auto& mode : fixed.modes) {
+    EXPECT_EQ(replaced(mode), 0) << to_table({fixed});
+    EXPECT_GT(mode.declared_reads, 0);
+  }
 }
 
 // Everyday CPU work that goes through oneDNN and the CPU allocator's raw
