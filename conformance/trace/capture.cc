@@ -260,8 +260,12 @@ bool CheckingRetrace::skip(ReadTrace& trace, size_t position, int depth,
                           [&](const at::Tensor& t) { return trace.classify_argument(t); });
 }
 
-bool CheckingRetrace::keep(size_t position, const OpCall& call) {
-  if (position < expected_.size() && same_call(expected_[position], call)) return false;
+bool CheckingRetrace::keep(size_t position, const OpCall& call, bool droppable) {
+  if (droppable && position < expected_.size() && same_call(expected_[position], call)) {
+    return false;
+  }
+  // Every kept record has its position, the ones the trace keeps whatever
+  // the answer (a provisional read) included.
   positions_.push_back(position);
   return true;
 }

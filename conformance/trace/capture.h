@@ -200,7 +200,7 @@ class CapturedForward {
     const std::vector<OpCall>& ops;
     const std::vector<size_t>* positions;
     size_t calls;
-    size_t position(size_t k) const { return positions != nullptr ? (*positions)[k] : k; }
+    size_t position(size_t k) const { return positions != nullptr ? positions->at(k) : k; }
   };
   std::vector<ReadChange> compare(const Kept& retrace, const TensorNames& names,
                                   bool details) const;
@@ -232,7 +232,7 @@ class CheckingRetrace final : private CallHook {
   /// call order.
   const std::vector<OpCall>& kept() const { return trace_.ops(); }
   /// The position of kept()[k] among every call of the retrace.
-  size_t position(size_t k) const { return positions_[k]; }
+  size_t position(size_t k) const { return positions_.at(k); }
   /// Every call of the retrace, kept or not.
   size_t calls() const { return trace_.calls(); }
   /// The calls the retrace recorded in full: those it could not tell from
@@ -243,7 +243,7 @@ class CheckingRetrace final : private CallHook {
   friend class CapturedForward;  // walks kept() with positions_
   bool skip(ReadTrace& trace, size_t position, int depth, const c10::FunctionSchema& schema,
             c10::ArrayRef<c10::IValue> args) override;
-  bool keep(size_t position, const OpCall& call) override;
+  bool keep(size_t position, const OpCall& call, bool droppable) override;
 
   const std::vector<OpCall>& expected_;
   std::vector<size_t> positions_;

@@ -3,6 +3,7 @@
 #include "conformance/trace/call_match.h"
 
 #include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/custom_class.h>
@@ -47,6 +48,22 @@ TORCH_LIBRARY(reloadsafe_capture_test, m) {
         [](const at::Tensor& x, const c10::intrusive_ptr<Packed>& w) {
           return at::mm(x, w->weight.t());
         });
+  // Allocates a scratch tensor without an op and hands it to a nested op, as
+  // a kernel may: on a device without the allocation census (meta stands in
+  // for CUDA here) the trace's classification of the scratch storage is
+  // provisional until the op returns.
+  m.def("scratch_add(Tensor x) -> Tensor", [](const at::Tensor& x) {
+    const at::Tensor scratch = at::detail::empty_meta(x.sizes(), x.scalar_type());
+    return at::add(x, scratch);
+  });
+}
+
+at::Tensor scratch_add(const at::Tensor& x) {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("reloadsafe_capture_test::scratch_add", "");
+  torch::jit::Stack stack{x};
+  op.callBoxed(stack);
+  return stack.back().toTensor();
 }
 
 at::Tensor packed_mm(const at::Tensor& x, const c10::IValue& object) {
@@ -103,6 +120,26 @@ Retraced retrace(const CapturedForward& capture, const TensorNames& names,
   }
   EXPECT_EQ(k, checking.kept().size()) << "a call the same as the captured one was kept";
   return r;
+}
+
+// The first GPU run of the checking retrace crashed here: a record the trace
+// keeps because it reads a provisional storage was kept without its
+// position. Meta, like CUDA, has no allocation census.
+TEST(CapturedForward, ACheckingRetraceKeepsTheCallsThatReadAProvisionalStorageWithTheirPositions) {
+  const at::Tensor x = at::empty({4}, at::TensorOptions().device(at::kMeta));
+  CapturedForward capture([&] { return scratch_add(x); });
+  TensorNames names({});
+  names.add("x", x, true);
+  CheckingRetrace checking(capture);
+  scratch_add(x);
+  checking.stop();
+  ASSERT_FALSE(checking.kept().empty()) << "the nested add reads a provisional storage";
+  for (size_t k = 0; k < checking.kept().size(); ++k) {
+    EXPECT_NO_THROW(checking.position(k)) << "kept record " << k << " has no position";
+  }
+  // And the answers are a full retrace's.
+  const Retraced r = retrace(capture, names, [&] { return scratch_add(x); });
+  EXPECT_FALSE(r.replays_as) << "the scratch storage is new on every call";
 }
 
 TEST(CapturedForward, AReplacedKernelObjectIsAViolationNamingItAndTheOp) {

@@ -280,7 +280,8 @@ void ReadTrace::begin_call(const c10::OperatorHandle& op, const c10::FunctionSch
   }
   ++records_;
   if (hook != nullptr) {
-    if (!reads_pending(ops_.back()) && !hook->keep(position, ops_.back())) {
+    const bool droppable = !reads_pending(ops_.back());
+    if (!hook->keep(position, ops_.back(), droppable) && droppable) {
       ops_.pop_back();
     } else if (depth_ == 0) {
       hook->top_level_begin(*this, c10::ArrayRef<c10::IValue>(call_args, num_args));

@@ -145,11 +145,15 @@ class CallHook {
   }
 
   /// After the call at `position` was recorded as `call` (the last of
-  /// ReadTrace::ops()): false to take the record out again. Not asked for a
+  /// ReadTrace::ops()), for every record: false to take it out again. A
   /// record that reads a storage whose classification is still provisional
-  /// (Note [Inside or before the scope] in read_trace.cc): such a record is
-  /// kept, since the end of its top-level call may still change it.
-  virtual bool keep(size_t /*position*/, const OpCall& /*call*/) { return true; }
+  /// (Note [Inside or before the scope] in read_trace.cc) is kept whatever
+  /// the answer, since the end of its top-level call may still change it:
+  /// `droppable` is false for it, and a hook that keeps its own account of
+  /// the kept records (CheckingRetrace's positions) must count it.
+  virtual bool keep(size_t /*position*/, const OpCall& /*call*/, bool /*droppable*/) {
+    return true;
+  }
 
   /// Around a top-level call that was recorded and kept: its arguments
   /// before it runs and its results after it ran (end is not called if the

@@ -346,7 +346,7 @@ struct ScriptedHook : CallHook {
             c10::ArrayRef<c10::IValue>) override {
     return skip_if(position, depth);
   }
-  bool keep(size_t position, const OpCall&) override {
+  bool keep(size_t position, const OpCall&, bool) override {
     if (drop_if(position)) return false;
     kept_positions.push_back(position);
     return true;
