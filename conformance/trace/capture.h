@@ -229,7 +229,9 @@ class CheckingRetrace final : private CallHook {
   void stop() { trace_.stop(); }
 
   /// The calls that differ from the captured call at their position, in
-  /// call order.
+  /// call order, and those the trace kept because they read a storage whose
+  /// classification was provisional (compare() finds nothing in such a call
+  /// when it is the captured one).
   const std::vector<OpCall>& kept() const { return trace_.ops(); }
   /// The position of kept()[k] among every call of the retrace.
   size_t position(size_t k) const { return positions_.at(k); }
