@@ -233,6 +233,14 @@ class Check:
             detail += " (time limit reached)"
         self.row(part, "ok" if ok else "FAIL", secs, detail)
 
+    def skipped_for_want_of_a_device(self, part: str, rc: int, text: str, secs: float) -> None:
+        """With --no-gpu, a command that needs a device must exit 2 naming
+        NO_DEVICE: a skip; anything else fails the part."""
+        ok = rc == 2 and NO_DEVICE in text
+        self.count("skipped" if ok else "failed")
+        self.row(part, "ok (skipped)" if ok else "FAIL", secs, _first_line(text, re.compile(NO_DEVICE)) if ok else
+                 f"expected exit 2 naming '{NO_DEVICE}', got exit {rc}: {text.strip()[-200:]}")
+
     def harness(self) -> None:
         if "reload_harness" in self.unloadable:
             self.row("harness", "not run", 0, "did not load")
@@ -241,10 +249,7 @@ class Check:
         js = os.path.join(self.work, "harness_cuda.json")
         rc, text, secs = self.run("harness_cuda", [path, "--device", "cuda", "--reloads", "20", "--json", js], 120)
         if self.no_gpu:
-            ok = rc == 2 and NO_DEVICE in text
-            self.count("skipped" if ok else "failed")
-            self.row("harness", "ok (skipped)" if ok else "FAIL", secs, _first_line(text, re.compile(NO_DEVICE)) if ok else
-                     f"expected exit 2 naming '{NO_DEVICE}', got exit {rc}: {text.strip()[-200:]}")
+            self.skipped_for_want_of_a_device("harness", rc, text, secs)
             return
         ok = rc == 0 and os.path.exists(js)
         self.count("passed" if ok else "failed")
@@ -306,10 +311,7 @@ class Check:
         table = os.path.join(self.out, "zoo_cpu_cuda.md")
         rc, text, secs = self.run("zoo", [sys.executable, "-m", "zoo.table", "--devices", "cpu,cuda", table], 180, env)
         if self.no_gpu:
-            ok = rc == 2 and NO_DEVICE in text
-            self.count("skipped" if ok else "failed")
-            self.row("zoo", "ok (skipped)" if ok else "FAIL", secs, _first_line(text, re.compile(NO_DEVICE)) if ok else
-                     f"expected exit 2 naming '{NO_DEVICE}', got exit {rc}: {text.strip()[-200:]}")
+            self.skipped_for_want_of_a_device("zoo", rc, text, secs)
             return
         totals = [line.strip() for line in text.splitlines() if " total " in line]
         ok = rc == 0 and os.path.exists(table)

@@ -97,7 +97,6 @@
 #pragma once
 
 #include "conformance/trace/memory_census.h"
-#include "conformance/trace/object_tensors.h"
 #include "conformance/trace/tensor_location.h"
 #include "conformance/trace/trace_key.h"
 #include "conformance/trace/trace_records.h"

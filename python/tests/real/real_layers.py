@@ -584,3 +584,13 @@ REBUILT = [r for r, _ in PAIRS]
 IN_PLACE = [k for _, k in PAIRS]
 NEGATIVE_CONTROLS = [RawPointerKernel]
 ALL = REBUILT + IN_PLACE + NEGATIVE_CONTROLS
+
+
+def need(cls: Any) -> None:
+    """In a test: skip, naming the library, when ``cls`` needs one that is
+    not installed (pytest is imported here only, so measure.py runs
+    without it)."""
+    if cls.library is not None:
+        import pytest
+
+        pytest.importorskip(cls.library, reason=f"{cls.__name__} needs {cls.library} (tools/setup.sh installs it)")

@@ -22,15 +22,12 @@ import real_layers as rl
 
 @pytest.fixture(autouse=True)
 def _quiet_deprecations():
+    # torch.ao's quantize_dynamic and torchao warn about their own futures on
+    # every call; nothing here depends on those warnings.
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         warnings.filterwarnings("ignore", category=UserWarning, module="torch.ao")
         yield
-
-
-def _need(cls):
-    if cls.library is not None:
-        pytest.importorskip(cls.library, reason=f"{cls.__name__} needs {cls.library} (tools/setup.sh installs it)")
 
 
 def _probe(cls, trace=False):
@@ -40,7 +37,7 @@ def _probe(cls, trace=False):
 
 @pytest.mark.parametrize("cls", rl.IN_PLACE, ids=lambda c: c.__name__)
 def test_every_in_place_layer_is_device_clean_and_passes(cls):
-    _need(cls)
+    rl.need(cls)
     report = _probe(cls)
     assert report.ok, report.table()
 
@@ -53,7 +50,7 @@ _REBUILT_PROBED = [c for c in rl.REBUILT if c is not rl.QuantizeDynamicRebuilt]
 
 @pytest.mark.parametrize("cls", _REBUILT_PROBED, ids=lambda c: c.__name__)
 def test_the_rebuilt_layers_pass_the_probe_and_are_still_flagged_for_what_moved(cls):
-    _need(cls)
+    rl.need(cls)
     report = _probe(cls, trace=True)  # the probe raises before the protocol runs if it names a tensor
     assert not report.ok
     assert any(f.startswith(cls.expected) for f in report.flagged), report.table()

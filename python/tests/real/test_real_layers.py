@@ -27,11 +27,6 @@ def _quiet_deprecations():
         yield
 
 
-def _need(cls):
-    if cls.library is not None:
-        pytest.importorskip(cls.library, reason=f"{cls.__name__} needs {cls.library} (tools/setup.sh installs it)")
-
-
 def _input(seed=0):
     return torch.randn(*rl.INPUT_SHAPE, generator=torch.Generator().manual_seed(seed))
 
@@ -42,7 +37,7 @@ def _check(cls, **kw):
 
 @pytest.mark.parametrize("cls", rl.REBUILT, ids=lambda c: c.__name__)
 def test_rebuilt_on_every_reload_is_flagged_by_what_moved(cls):
-    _need(cls)
+    rl.need(cls)
     report = _check(cls)
     assert not report.ok, report.table()
     assert not report.errors, report.errors
@@ -70,7 +65,7 @@ def test_a_repacked_fbgemm_object_is_a_replaced_object_at_its_op_and_argument(cl
 
 @pytest.mark.parametrize("cls", rl.IN_PLACE, ids=lambda c: c.__name__)
 def test_refilled_in_place_passes_with_no_violation_and_no_warning(cls):
-    _need(cls)
+    rl.need(cls)
     report = _check(cls)
     assert report.ok, report.table()
     for name, mode in report.modes.items():
@@ -92,7 +87,7 @@ def test_the_in_place_and_rebuilt_variants_compute_the_same_forward(pair):
     """The variants differ only in where their tensors live: after a load, a
     forward and a second load of one checkpoint both give the same output
     (so a pass is not a pass of a different computation)."""
-    _need(pair[0])
+    rl.need(pair[0])
     x = _input()
     outs = []
     for cls in pair:

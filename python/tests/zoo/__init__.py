@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from typing import Any, Callable
 
 import torch
@@ -123,6 +124,14 @@ def _collect() -> list[Bug]:
 
 
 BUGS: list[Bug] = _collect()
+
+
+def flags(flagged: Iterable[str], name: str) -> bool:
+    """Whether ``name`` is a whole component of one of the ``flagged``
+    names: ``act_perm`` in ``kernel.act_perm.keywords['index']``, not in
+    ``act_perm_inv``."""
+    pattern = re.compile(r"(^|[.\[' (])" + re.escape(name) + r"($|[.\[\]' )])")
+    return any(pattern.search(f) for f in flagged)
 
 
 def by_id(bug_id: str) -> Bug:

@@ -14,7 +14,6 @@ checked on each and the verdicts are put side by side (the GPU check's
 from __future__ import annotations
 
 import dataclasses
-import re
 import sys
 import time
 
@@ -23,7 +22,7 @@ import torch
 import reloadsafe
 from reloadsafe import ReloadCheckError, check_reload
 
-from . import BUGS, MECHANISMS, Bug
+from . import BUGS, MECHANISMS, Bug, flags
 from ._layers import default_checkpoints, same_weights
 
 RELOADS = 4
@@ -89,10 +88,6 @@ def describe_report(report: reloadsafe.ReloadReport) -> str:
 
 
 def _names_flagged(bug: Bug, report: reloadsafe.ReloadReport) -> bool:
-    def flags(flagged, name):
-        pattern = re.compile(r"(^|[.\[' (])" + re.escape(name) + r"($|[.\[\]' )])")
-        return any(pattern.search(f) for f in flagged)
-
     return not report.ok and all(
         flags(m["flagged"], n) for m in report.modes.values() for n in bug.names
     )
