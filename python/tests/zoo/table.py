@@ -183,9 +183,11 @@ def render(rows: list[Row]) -> str:
     lines += [
         "",
         "Z15 and Z16 are bugs of vLLM's layerwise reload machinery (copy-back of buffers the load never",
-        "wrote, and of a buffer aliasing a parameter). reloadsafe's utilities have no such operation (they",
-        "refill, replace and move one tensor at a time), so they are pairs here, with the machinery as",
-        "the load function, not golden cases of the utilities.",
+        "wrote, and of a buffer aliasing a parameter). reloadsafe's utilities have no such copy-back (they",
+        "refill, replace and move one tensor at a time), so here they are pairs, with the machinery as the",
+        "load function. What the utilities do in the same situations is pinned by golden conformance cases",
+        "in golden/layer_scripts.jsonl (listed in golden/FORMAT.md): L26 for Z15, L27-L29 for Z16 (L29:",
+        "refill_derived cannot tell an alias spanning a weight's whole storage from a tensor of its own).",
         "",
     ]
     return "\n".join(lines)
