@@ -70,6 +70,16 @@ class Backend {
   /// holds in held_tensors() as well.
   virtual std::vector<NamedObject> held_objects(const Layer& /*layer*/) const { return {}; }
 
+  /// Host numbers (int, float) the forward reads from the layer or from a
+  /// kernel object, by the names the engine gives them ("_k_scale_float"):
+  /// the host_numbers and compare_state steps check them (run_options.h).
+  /// C++ has no walker to find them, so the backend lists them.
+  virtual std::vector<NamedNumber> host_numbers(const Layer& /*layer*/) const { return {}; }
+
+  /// Steps every run of this backend takes besides the run's own (a
+  /// backend whose bug shows only after a sleep asks for one).
+  virtual ReloadSteps steps() const { return {}; }
+
   /// The modes in which the backend is expected to keep every address.
   virtual std::vector<ReloadMode> modes() const {
     return {ReloadMode::kNormal, ReloadMode::kDirect};

@@ -144,6 +144,7 @@ SubjectInfo BackendSubject::info() const {
   info.negative_control = backend_.negative_control();
   info.expected_violation = backend_.expected_violation();
   info.memory_tolerance_bytes = backend_.memory_tolerance_bytes();
+  info.steps = backend_.steps();
   return info;
 }
 
@@ -184,6 +185,24 @@ std::vector<NamedTensor> BackendSubject::named_tensors() {
 
 std::vector<NamedObject> BackendSubject::named_objects() {
   return session().named_objects();
+}
+
+std::vector<at::Tensor> BackendSubject::parameters() {
+  return session().layer().parameters(/*recurse=*/true);
+}
+
+std::vector<at::Tensor> BackendSubject::buffers() {
+  return session().layer().buffers(/*recurse=*/true);
+}
+
+std::vector<NamedNumber> BackendSubject::named_numbers() {
+  return backend_.host_numbers(session().layer());
+}
+
+LayerState BackendSubject::cold_state(const Checkpoint& ckpt, int loads) {
+  ReloadSession aside(backend_, device_, ckpt);
+  for (int i = 1; i < loads; ++i) aside.load_and_process(ckpt);
+  return LayerState{aside.named_tensors(), backend_.host_numbers(aside.layer())};
 }
 
 BackendReport run_backend(const Backend& backend, const RunOptions& options) {

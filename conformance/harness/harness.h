@@ -101,6 +101,15 @@ class BackendSubject : public ReloadSubject {
   at::Tensor cold_forward(const Checkpoint& ckpt, const at::Tensor& x) override;
   std::vector<NamedTensor> named_tensors() override;
   std::vector<NamedObject> named_objects() override;
+  /// The layer's registered parameters and buffers (torch::nn::Module's).
+  std::vector<at::Tensor> parameters() override;
+  std::vector<at::Tensor> buffers() override;
+  /// Backend::host_numbers of the live layer.
+  std::vector<NamedNumber> named_numbers() override;
+  bool has_cold_state() const override { return true; }
+  /// A ReloadSession of `ckpt` made aside, loaded `loads` times: its
+  /// named_tensors() and the backend's host_numbers().
+  LayerState cold_state(const Checkpoint& ckpt, int loads) override;
   void release() override {
     session_.reset();
     fresh_layer_.reset();

@@ -2,6 +2,8 @@
 //
 //   bazel run //conformance/harness:reload_harness -- [--reloads N] [--device cpu|cuda[:I]]
 //       [--backend NAME] [--seed S] [--json PATH] [--no-trace] [--trace] [--build-info]
+//       [steps: --sleep 1|2 --recreate-parameters --host-numbers --compare-state
+//        --cold-footprint-tolerance BYTES --reload-peak-budget BYTES]
 //
 // Prints a table for people and, with --json, writes the report for machines.
 // --trace prints what the forward of each selected backend reads (its
@@ -23,7 +25,11 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: reload_harness [--reloads N] [--device cpu|cuda[:I]] [--backend NAME] [--seed S]\n"
-    "                      [--json PATH] [--no-trace] [--trace] [--build-info]\n";
+    "                      [--json PATH] [--no-trace] [--trace] [--build-info]\n"
+    "  steps around each reload (README, \"Harness steps\"):\n"
+    "                      [--sleep 1|2] [--recreate-parameters] [--host-numbers]\n"
+    "                      [--compare-state] [--cold-footprint-tolerance BYTES]\n"
+    "                      [--reload-peak-budget BYTES]\n";
 
 [[noreturn]] void bad_argument(const std::string& message) {
   std::cerr << "reload_harness: " << message << "\n" << kUsage;

@@ -12,7 +12,9 @@
 // $TEST_UNDECLARED_OUTPUTS_DIR/harness.json. GoogleTest writes the XML where
 // Bazel asks for it (GTEST_OUTPUT).
 //
-//   harness_test [--reloads N] [--device cpu|cuda[:I]] [--seed S] [--no-trace] [gtest flags]
+//   harness_test [--reloads N] [--device cpu|cuda[:I]] [--seed S] [--no-trace]
+//       [--sleep 1|2] [--recreate-parameters] [--host-numbers] [--compare-state]
+//       [--cold-footprint-tolerance BYTES] [--reload-peak-budget BYTES] [gtest flags]
 //
 // Exit status: 0 when every test passed, 1 when one failed or no backend was
 // linked, 2 on bad arguments.
@@ -35,8 +37,10 @@ namespace reloadsafe::harness {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: harness_test [--reloads N] [--device cpu|cuda[:I]] [--seed S] [--no-trace] "
-    "[gtest flags]\n";
+    "usage: harness_test [--reloads N] [--device cpu|cuda[:I]] [--seed S] [--no-trace]\n"
+    "                    [--sleep 1|2] [--recreate-parameters] [--host-numbers] [--compare-state]\n"
+    "                    [--cold-footprint-tolerance BYTES] [--reload-peak-budget BYTES]\n"
+    "                    [gtest flags]\n";
 
 [[noreturn]] void bad_argument(const std::string& message) {
   std::cerr << "harness_test: " << message << "\n" << kUsage;

@@ -2,6 +2,8 @@
 
 #include "conformance/harness/cold_loads.h"
 #include "conformance/harness/device_graph.h"
+#include "conformance/harness/layer_state.h"
+#include "conformance/harness/reload_steps.h"
 #include "conformance/harness/values.h"
 #include "conformance/trace/capture.h"
 #include "conformance/trace/memory_census.h"
@@ -12,6 +14,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <optional>
@@ -183,7 +186,8 @@ class ModeRun {
         mode_(mode),
         input_(input),
         sink_(report_, options.max_listed),
-        memory_tolerance_(info.memory_tolerance_bytes) {
+        memory_tolerance_(info.memory_tolerance_bytes),
+        steps_(options.steps.merged_with(info.steps)) {
     report_.mode = mode;
     report_.expected_to_pass =
         std::find(info.modes.begin(), info.modes.end(), mode) != info.modes.end();
@@ -235,8 +239,15 @@ class ModeRun {
     const auto bytes = at::TensorOptions().dtype(at::kByte);
     canary_ = at::full({kCanaryBytes}, kCanaryByte, bytes.device(options_.device));
     canary_bytes_ = at::full({kCanaryBytes}, kCanaryByte, bytes);
-    // The declared baseline is taken after the warm-up, as the capture is.
+    // The declared baseline is taken after the warm-up, as the capture is;
+    // so are the host numbers the capture bakes in.
     declared_ = declared_locations(subject_.named_tensors());
+    if (steps_.host_numbers) captured_numbers_ = subject_.named_numbers();
+    if (steps_.compare_state) {
+      TORCH_CHECK(subject_.has_cold_state(),
+                  "compare_state: this subject cannot make a cold load aside and name what it "
+                  "holds (ReloadSubject::cold_state); run without compare_state");
+    }
     if (options_.trace) {
       capture_ = capture(subject_, x_);
       count_reads(capture_, report_);
@@ -249,15 +260,23 @@ class ModeRun {
   }
 
   void check_reload(int r) {
+    // What the checkpoint and its snapshots add to the live bytes: there
+    // while the reload is measured, not while the cold load was.
+    const int64_t before_draw = live_bytes();
     const Checkpoint ckpt = subject_.draw_checkpoint(reload_seed(options_.seed, r));
     std::map<std::string, Snapshot> pristine;
     for (const auto& [n, t] : ckpt) pristine.emplace(n, Snapshot(t));
+    const int64_t checkpoint_bytes = live_bytes() - before_draw;
+    before_reload();
+    const int64_t before_load = live_bytes();
+    if (steps_.reload_peak_budget_bytes) trace::take_peak_tensor_bytes(options_.device);
     {
       DirectReloadScope direct(mode_ == ReloadMode::kDirect);
       std::optional<trace::Quarantine::Capturing> capturing;
       if (quarantine_) capturing.emplace(*quarantine_);
       subject_.reload(mode_, ckpt);
     }
+    if (steps_.reload_peak_budget_bytes) check_peak(r, before_load);
     report_.reloads_done = r;
     // The graph replays first, before any other forward runs on the device:
     // what it reads is what the reload left (Note [Device quarantine]).
@@ -267,6 +286,13 @@ class ModeRun {
       ++report_.graph_replays;
     }
     record_memory();
+    if (steps_.cold_footprint_tolerance_bytes) check_footprint(r, checkpoint_bytes);
+    // What the reload left, before any forward runs on it: state a forward
+    // writes is not the reload's (and the capture's replay may write the
+    // live layer's tensors). After the graph's replay, as every step that
+    // allocates on the device is.
+    if (steps_.host_numbers) check_host_numbers(r);
+    if (steps_.compare_state) check_state(r, ckpt);
     compare_declared(declared_, declared_locations(subject_.named_tensors()), r, sink_);
     for (const auto& [n, t] : ckpt) {
       // The loaders and post-processing must not write into the checkpoint.
@@ -275,6 +301,105 @@ class ModeRun {
     if (!same_bytes(x_, input_)) sink_.add(r, "input", "bytes changed", "", "");
     if (!same_bytes(canary_, canary_bytes_)) sink_.add(r, "canary", "bytes changed", "", "");
     check_forward(r, ckpt, replayed_graph);
+  }
+
+  // The steps an engine takes between reloads, when asked (reload_steps.h):
+  // sleep and wake, then parameters re-created for a layerwise reload.
+  void before_reload() {
+    if (steps_.sleep_level > 0) {
+      std::vector<at::Tensor> restored = subject_.buffers();
+      if (steps_.sleep_level == 1) {
+        std::vector<at::Tensor> params = subject_.parameters();
+        restored.insert(restored.end(), params.begin(), params.end());
+      }
+      std::vector<trace::NamedTensor> reached = subject_.named_tensors();
+      std::vector<trace::NamedTensor> caches = subject_.cache_tensors();
+      reached.insert(reached.end(), caches.begin(), caches.end());
+      sleep_and_wake(reached, restored);
+    }
+    if (steps_.recreate_parameters) {
+      const std::vector<at::Tensor> params = subject_.parameters();
+      TORCH_CHECK(!params.empty(),
+                  "recreate_parameters: the subject names no registered parameters "
+                  "(ReloadSubject::parameters), so none can be re-created");
+      recreate_parameters(params);
+    }
+  }
+
+  // Live bytes on the run's device, 0 where they are not counted.
+  int64_t live_bytes() const { return trace::live_tensor_bytes(options_.device).value_or(0); }
+
+  // The most a reload held above what was live before it, against the
+  // budget; flagged at the first reload over, once per mode.
+  void check_peak(int r, int64_t before) {
+    const std::optional<int64_t> peak = trace::take_peak_tensor_bytes(options_.device);
+    if (!peak || over_peak_) return;
+    const int64_t extra = *peak - before;
+    if (extra <= *steps_.reload_peak_budget_bytes) return;
+    over_peak_ = true;
+    sink_.add(r, "memory",
+              "peak during reload " + std::to_string(r) + " is " + std::to_string(extra) +
+                  " bytes above the bytes live before it, over the budget of " +
+                  std::to_string(*steps_.reload_peak_budget_bytes),
+              std::to_string(before) + " B before the reload",
+              std::to_string(*peak) + " B at its peak");
+  }
+
+  // The bytes live after reload r (its checkpoint's own not counted) against
+  // the cold load's; flagged at the first reload over, once per mode.
+  void check_footprint(int r, int64_t checkpoint_bytes) {
+    const std::vector<int64_t>& bytes = report_.memory_bytes;
+    if (bytes.size() < 2 || over_footprint_) return;
+    const int64_t size = bytes.back() - checkpoint_bytes;
+    const int64_t over = size - bytes.front();
+    if (over <= *steps_.cold_footprint_tolerance_bytes) return;
+    over_footprint_ = true;
+    sink_.add(r, "memory",
+              "footprint after reload " + std::to_string(r) + " exceeds the cold load's by " +
+                  std::to_string(over) + " bytes",
+              std::to_string(bytes.front()) + " B after the cold load",
+              std::to_string(size) + " B after reload " + std::to_string(r));
+  }
+
+  // Every host number keeps its captured value; each name is flagged at
+  // the first reload that changes it.
+  void check_host_numbers(int r) {
+    for (const NamedNumber& n : subject_.named_numbers()) {
+      const auto old = std::find_if(captured_numbers_.begin(), captured_numbers_.end(),
+                                    [&](const NamedNumber& c) { return c.name == n.name; });
+      if (old == captured_numbers_.end() || flagged_numbers_.count(n.name) > 0) continue;
+      if (old->value == n.value || (std::isnan(old->value) && std::isnan(n.value))) continue;
+      flagged_numbers_.insert(n.name);
+      sink_.add(r, n.name,
+                "host number changed since the capture (a captured graph keeps the old value)",
+                format_number(*old), format_number(n));
+    }
+  }
+
+  // The live layer against a cold load of the same checkpoint, by name;
+  // each name is flagged at the first reload where it differs.
+  void check_state(int r, const Checkpoint& ckpt) {
+    LayerState live{subject_.named_tensors(), subject_.named_numbers()};
+    for (trace::NamedTensor& c : subject_.cache_tensors()) live.tensors.push_back(std::move(c));
+    const LayerState cold = subject_.cold_state(ckpt, /*loads=*/1);
+    const std::vector<StateDifference> differences = state_differences(live, cold);
+    if (differences.empty()) return;
+    if (!not_idempotent_) {
+      // Asked once per mode, of the first checkpoint that shows a difference.
+      not_idempotent_.emplace();
+      for (const StateDifference& d : state_differences(subject_.cold_state(ckpt, 2), cold)) {
+        not_idempotent_->insert(d.name);
+      }
+    }
+    for (const StateDifference& d : differences) {
+      if (!flagged_state_.insert(d.name).second) continue;
+      const bool twice = not_idempotent_->count(d.name) > 0;
+      sink_.add(r, d.name,
+                twice ? "not idempotent: loading the same checkpoint twice gives another value "
+                        "than loading it once"
+                      : "differs from a cold load of the same checkpoint",
+                d.before, d.after);
+    }
   }
 
   // The device graph step (device_graph.h): the live forward captured as a
@@ -390,6 +515,13 @@ class ModeRun {
   ModeReport report_;
   ViolationSink sink_;
   const int64_t memory_tolerance_;
+  const ReloadSteps steps_;
+  std::vector<NamedNumber> captured_numbers_;            // host_numbers: as captured
+  std::set<std::string> flagged_numbers_;                // host_numbers: names flagged
+  std::set<std::string> flagged_state_;                  // compare_state: names flagged
+  std::optional<std::set<std::string>> not_idempotent_;  // compare_state, once asked
+  bool over_peak_ = false;
+  bool over_footprint_ = false;
   std::optional<trace::CpuCensusScope> census_;
   std::optional<trace::Quarantine> quarantine_;
   at::Tensor canary_, canary_bytes_;
@@ -401,6 +533,17 @@ class ModeRun {
 };
 
 }  // namespace
+
+void check_steps(const ReloadSteps& steps) {
+  TORCH_CHECK(steps.sleep_level >= 0 && steps.sleep_level <= 2,
+              "sleep level must be 1 or 2 (0: no sleep), not ", steps.sleep_level);
+  TORCH_CHECK(steps.cold_footprint_tolerance_bytes.value_or(0) >= 0,
+              "the cold footprint tolerance is a number of bytes >= 0, not ",
+              steps.cold_footprint_tolerance_bytes.value_or(0));
+  TORCH_CHECK(steps.reload_peak_budget_bytes.value_or(0) >= 0,
+              "the reload peak budget is a number of bytes >= 0, not ",
+              steps.reload_peak_budget_bytes.value_or(0));
+}
 
 DistinctReads distinct_reads(const std::vector<CapturedRead>& reads) {
   DistinctReads out;
@@ -420,6 +563,7 @@ DistinctReads distinct_reads(const std::vector<CapturedRead>& reads) {
 
 BackendReport run_subject(ReloadSubject& subject, const RunOptions& options) {
   const SubjectInfo info = subject.info();
+  check_steps(options.steps.merged_with(info.steps));
   BackendReport report;
   report.name = info.name;
   report.description = info.description;

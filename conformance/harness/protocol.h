@@ -34,6 +34,15 @@
 //   4. the bytes held in live tensor storages do not grow after the first
 //      reload (beyond the subject's tolerance).
 //
+// The steps of ReloadSteps (run_options.h), where the run or the subject
+// asks for them: before each reload, sleep and wake, then parameters
+// re-created (reload_steps.h); around its load and post-processing, the peak
+// of live bytes against a budget; after it, the live bytes against the cold
+// load's, every host number against its captured value, and every tensor and
+// host number against a cold load's of the same checkpoint (layer_state.h).
+// Each name they flag is flagged once per mode, at the first reload that
+// shows it.
+//
 // Every broken promise is a Violation (report.h) naming the tensor (and, for
 // a traced read, the op and argument), with before and after. External reads
 // the subject did not declare but that stay put are warnings.
@@ -52,8 +61,13 @@
 
 namespace reloadsafe::harness {
 
-/// Runs the protocol for `subject` in both modes.
+/// Runs the protocol for `subject` in both modes. Steps that are not
+/// well-formed (check_steps) are refused before anything runs.
 BackendReport run_subject(ReloadSubject& subject, const RunOptions& options);
+
+/// Throws c10::Error naming the first step of `steps` that cannot be taken:
+/// a sleep level other than 0, 1 or 2, or a negative byte bound.
+void check_steps(const ReloadSteps& steps);
 
 /// How many distinct tensors and objects (by storage or identity) `reads`
 /// has from outside the forward, declared and undeclared: the input, Python

@@ -10,8 +10,11 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace reloadsafe::harness {
@@ -278,6 +281,267 @@ TEST(Protocol, AModesErrorKeepsEveryLineAndAFailedReleaseFollowsIt) {
       EXPECT_EQ(m.error, row.expected) << to_string(m.mode);
       EXPECT_FALSE(m.clean());
       EXPECT_EQ(m.reloads_done, row.reload_error.empty() ? 2 : 0);
+    }
+    EXPECT_FALSE(report.ok());
+  }
+}
+
+// The steps of ReloadSteps, on a layer with one switch per bug each step
+// exists to catch. y = (x @ w^T + pad + bias + derived) * k_scale * number,
+// w the first 16 columns of w_padded.
+enum class Bug {
+  kNone,
+  kPlainConstant,            ///< bias a plain attribute set at construction: no wake restores it
+  kPaddingFromConstruction,  ///< the loader leaves w_padded's padding as construction zeroed it
+  kHostNumber,               ///< `number` derived from the weights on every pass (right eagerly)
+  kScaleHalvedPerPass,       ///< k_scale halved by every pass instead of set
+  kDerivedOnce,              ///< derived computed by the first pass only
+  kCopyKept,                 ///< every pass after the first keeps a copy of w_padded
+  kStagedCopy,               ///< the loader stages a copy of w before writing it
+};
+
+struct StepsLayer {
+  explicit StepsLayer(Bug bug) : bug(bug) {}
+
+  void load(const Checkpoint& ckpt) {
+    const at::Tensor& w = ckpt.at("w");
+    w_padded.narrow(1, 0, 16).copy_(bug == Bug::kStagedCopy ? w.clone() : w);
+    if (bug != Bug::kPaddingFromConstruction) w_padded.narrow(1, 16, 4).zero_();
+  }
+  void process() {
+    if (bug == Bug::kScaleHalvedPerPass) {
+      k_scale.mul_(0.5);
+    } else {
+      k_scale.fill_(0.5);
+    }
+    if (bug != Bug::kDerivedOnce || passes == 0) derived.copy_(w_padded.narrow(1, 0, 16).sum(1));
+    number =
+        bug == Bug::kHostNumber ? 1.0 + w_padded.narrow(1, 0, 16).abs().max().item<double>() : 2.0;
+    if (bug == Bug::kCopyKept && passes > 0) kept = w_padded.clone();
+    ++passes;
+  }
+  at::Tensor forward(const at::Tensor& x) const {
+    at::Tensor y = at::mm(x, w_padded.narrow(1, 0, 16).t());
+    y = y + w_padded.narrow(1, 16, 4).sum(1) + bias + derived;
+    return at::mul(at::mul(y, k_scale), number);
+  }
+  LayerState state() const {
+    return {{{"w_padded", w_padded, true},
+             {"k_scale", k_scale, true},
+             {"bias", bias, true},
+             {"derived", derived, true}},
+            {{"number", number, false}}};
+  }
+
+  Bug bug;
+  at::Tensor w_padded = at::zeros({8, 20});
+  at::Tensor k_scale = at::ones({1});
+  at::Tensor bias = at::full({8}, 0.25);
+  at::Tensor derived = at::zeros({8});
+  at::Tensor kept;
+  double number = 0;
+  int passes = 0;
+};
+
+class StepsSubject : public ReloadSubject {
+ public:
+  explicit StepsSubject(Bug bug, ReloadSteps asked = {}) : bug_(bug), asked_(std::move(asked)) {}
+
+  SubjectInfo info() const override {
+    SubjectInfo info;
+    info.name = "steps";
+    info.steps = asked_;
+    return info;
+  }
+  Checkpoint draw_checkpoint(uint64_t seed) override {
+    at::Generator gen = at::detail::createCPUGenerator(seed);
+    return {{"w", at::randn({8, 16}, gen)}};
+  }
+  at::Tensor draw_input(uint64_t seed) override {
+    at::Generator gen = at::detail::createCPUGenerator(seed);
+    return at::randn({4, 16}, gen);
+  }
+  void cold_load(const Checkpoint& ckpt) override { live_ = loaded(ckpt, 1); }
+  void reload(ReloadMode /*mode*/, const Checkpoint& ckpt) override {
+    live_->load(ckpt);
+    live_->process();
+  }
+  at::Tensor forward(const at::Tensor& x) override { return live_->forward(x); }
+  at::Tensor cold_forward(const Checkpoint& ckpt, const at::Tensor& x) override {
+    return loaded(ckpt, 1)->forward(x);
+  }
+  std::vector<NamedTensor> named_tensors() override { return live_->state().tensors; }
+  std::vector<at::Tensor> parameters() override { return {live_->w_padded}; }
+  std::vector<at::Tensor> buffers() override {
+    if (bug_ == Bug::kPlainConstant) return {live_->k_scale};
+    return {live_->k_scale, live_->bias};
+  }
+  std::vector<NamedNumber> named_numbers() override { return live_->state().numbers; }
+  bool has_cold_state() const override { return true; }
+  LayerState cold_state(const Checkpoint& ckpt, int loads) override {
+    return loaded(ckpt, loads)->state();
+  }
+  void release() override { live_.reset(); }
+
+ private:
+  std::unique_ptr<StepsLayer> loaded(const Checkpoint& ckpt, int loads) const {
+    auto layer = std::make_unique<StepsLayer>(bug_);
+    for (int i = 0; i < loads; ++i) {
+      layer->load(ckpt);
+      layer->process();
+    }
+    return layer;
+  }
+  Bug bug_;
+  ReloadSteps asked_;
+  std::unique_ptr<StepsLayer> live_;
+};
+
+bool flagged_in_every_mode(const BackendReport& report, const std::string& name) {
+  for (const ModeReport& m : report.modes) {
+    if (std::find(m.flagged.begin(), m.flagged.end(), name) == m.flagged.end()) return false;
+  }
+  return true;
+}
+
+const Violation* first_named(const BackendReport& report, const std::string& name) {
+  for (const ModeReport& m : report.modes) {
+    for (const Violation& v : m.violations) {
+      if (v.tensor == name) return &v;
+    }
+  }
+  return nullptr;
+}
+
+ReloadSteps sleeping(int level) {
+  ReloadSteps s;
+  s.sleep_level = level;
+  s.compare_state = true;
+  return s;
+}
+
+// Each step catches its bug by name, the same bug passes (or is not named)
+// without the step, and the layer without the bug passes with it.
+TEST(ProtocolSteps, EachStepNamesTheBugItExistsForAndPassesTheFixedLayer) {
+  ReloadSteps recreate;
+  recreate.recreate_parameters = true;
+  recreate.compare_state = true;
+  ReloadSteps numbers;
+  numbers.host_numbers = true;
+  ReloadSteps state;
+  state.compare_state = true;
+  ReloadSteps footprint;
+  footprint.cold_footprint_tolerance_bytes = 0;
+  ReloadSteps peak;
+  peak.reload_peak_budget_bytes = 256;  // the staged copy of w is 512 B
+  struct Row {
+    const char* name;
+    Bug bug;
+    ReloadSteps steps;
+    std::string flagged;  ///< flagged in both modes with the steps
+    std::string what;     ///< the start of its violation's `what`
+    bool passes_without;  ///< the bug passes without the steps (not only unnamed)
+  };
+  const Row rows[] = {
+      {"sleep 2", Bug::kPlainConstant, sleeping(2), "bias", "differs from a cold load", true},
+      {"sleep 1", Bug::kPlainConstant, sleeping(1), "bias", "differs from a cold load", true},
+      {"recreate", Bug::kPaddingFromConstruction, recreate, "w_padded", "differs from a cold load",
+       true},
+      {"host numbers", Bug::kHostNumber, numbers, "number", "host number changed since the capture",
+       false},
+      {"idempotence", Bug::kScaleHalvedPerPass, state, "k_scale", "not idempotent", false},
+      {"stale derived", Bug::kDerivedOnce, state, "derived", "differs from a cold load", false},
+      {"footprint", Bug::kCopyKept, footprint, "memory", "footprint after reload 1", true},
+      {"peak", Bug::kStagedCopy, peak, "memory", "peak during reload 1", true},
+  };
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.name);
+    StepsSubject buggy(row.bug);
+    RunOptions o = options(3, true);
+    o.steps = row.steps;
+    const BackendReport caught = run_subject(buggy, o);
+    EXPECT_TRUE(flagged_in_every_mode(caught, row.flagged)) << to_table({caught});
+    const Violation* v = first_named(caught, row.flagged);
+    ASSERT_NE(v, nullptr) << to_table({caught});
+    EXPECT_EQ(v->reload, 1);
+    EXPECT_EQ(v->what.rfind(row.what, 0), 0u) << v->what;
+
+    StepsSubject without(row.bug);
+    const BackendReport plain = run_subject(without, options(3, true));
+    for (const ModeReport& m : plain.modes) {
+      EXPECT_EQ(m.error, "");
+      EXPECT_EQ(std::count(m.flagged.begin(), m.flagged.end(), row.flagged), 0)
+          << "named without the step\n"
+          << to_table({plain});
+    }
+    if (row.passes_without) {
+      EXPECT_TRUE(plain.ok()) << to_table({plain});
+    }
+
+    StepsSubject fixed(Bug::kNone);
+    const BackendReport clean = run_subject(fixed, o);
+    EXPECT_TRUE(clean.ok()) << to_table({clean});
+  }
+}
+
+TEST(ProtocolSteps, ASubjectsOwnStepsAreMergedWithTheRuns) {
+  ReloadSteps asked;
+  asked.sleep_level = 2;
+  StepsSubject buggy(Bug::kPlainConstant, asked);
+  const BackendReport report = run_subject(buggy, options(2, false));
+  EXPECT_TRUE(flagged_in_every_mode(report, "forward")) << to_table({report});
+
+  ReloadSteps a, b;
+  a.sleep_level = 1;
+  a.reload_peak_budget_bytes = 100;
+  b.sleep_level = 2;
+  b.reload_peak_budget_bytes = 50;
+  b.cold_footprint_tolerance_bytes = 7;
+  b.host_numbers = true;
+  const ReloadSteps m = a.merged_with(b);
+  EXPECT_EQ(m.sleep_level, 2);
+  EXPECT_EQ(m.reload_peak_budget_bytes, 50);
+  EXPECT_EQ(m.cold_footprint_tolerance_bytes, 7);
+  EXPECT_TRUE(m.host_numbers);
+  EXPECT_FALSE(m.compare_state);
+}
+
+TEST(ProtocolSteps, StepsThatCannotBeTakenAreRefusedWithTheirName) {
+  struct Row {
+    const char* name;
+    ReloadSteps steps;
+    std::string says;
+  };
+  ReloadSteps sleep3, negative, state, recreate;
+  sleep3.sleep_level = 3;
+  negative.reload_peak_budget_bytes = -1;
+  state.compare_state = true;
+  recreate.recreate_parameters = true;
+  // Refused before anything runs.
+  for (const Row& row : {Row{"sleep 3", sleep3, "sleep level must be 1 or 2"},
+                         Row{"negative budget", negative, "reload peak budget"}}) {
+    SCOPED_TRACE(row.name);
+    CountingSubject subject;
+    RunOptions o = options(2, false);
+    o.steps = row.steps;
+    try {
+      run_subject(subject, o);
+      ADD_FAILURE() << "not refused";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(row.says), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(subject.checkpoint_seeds.empty());
+  }
+  // A subject that cannot answer what the step needs: each mode's error.
+  for (const Row& row : {Row{"compare_state", state, "compare_state: this subject cannot"},
+                         Row{"recreate", recreate, "recreate_parameters: the subject names no"}}) {
+    SCOPED_TRACE(row.name);
+    CountingSubject subject;
+    RunOptions o = options(2, false);
+    o.steps = row.steps;
+    const BackendReport report = run_subject(subject, o);
+    for (const ModeReport& m : report.modes) {
+      EXPECT_NE(m.error.find(row.says), std::string::npos) << m.error;
     }
     EXPECT_FALSE(report.ok());
   }

@@ -44,6 +44,22 @@ bool parse_run_flag(int argc, char** argv, int& i, RunOptions& options) {
     options.seed = parse_number<uint64_t>(arg, flag_value(argc, argv, i), 0);
   } else if (arg == "--no-trace") {
     options.trace = false;
+  } else if (arg == "--sleep") {
+    const int level = parse_number<int>(arg, flag_value(argc, argv, i), 1);
+    if (level > 2) throw BadFlag("--sleep takes 1 or 2, not " + std::to_string(level));
+    options.steps.sleep_level = level;
+  } else if (arg == "--recreate-parameters") {
+    options.steps.recreate_parameters = true;
+  } else if (arg == "--host-numbers") {
+    options.steps.host_numbers = true;
+  } else if (arg == "--compare-state") {
+    options.steps.compare_state = true;
+  } else if (arg == "--cold-footprint-tolerance") {
+    options.steps.cold_footprint_tolerance_bytes =
+        parse_number<int64_t>(arg, flag_value(argc, argv, i), 0);
+  } else if (arg == "--reload-peak-budget") {
+    options.steps.reload_peak_budget_bytes =
+        parse_number<int64_t>(arg, flag_value(argc, argv, i), 0);
   } else {
     return false;
   }

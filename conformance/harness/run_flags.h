@@ -3,7 +3,8 @@
 // every reload_harness_test (harness_test_main.cc).
 //
 // Invariant: a flag is taken only with a value the protocol can run with
-// (--reloads N >= 1, --seed S >= 0, --device cpu or cuda[:I]); any other value,
+// (--reloads N >= 1, --seed S >= 0, --device cpu or cuda[:I], --sleep 1 or 2,
+// byte bounds >= 0); any other value,
 // or a flag without its value, is a BadFlag naming the flag and what it
 // takes. Each binary prints that with its usage and exits 2.
 #pragma once
@@ -26,7 +27,10 @@ class BadFlag : public std::runtime_error {
 std::string flag_value(int argc, char** argv, int& i);
 
 /// If argv[i] is one of RunOptions' flags (--reloads N, --device D, --seed S,
-/// --no-trace), sets it in `options`, advances i past its value and returns
+/// --no-trace) or of its steps (--sleep 1|2, --recreate-parameters,
+/// --host-numbers, --compare-state, --cold-footprint-tolerance BYTES,
+/// --reload-peak-budget BYTES), sets it in `options`, advances i past its
+/// value and returns
 /// true; returns false, changing nothing, for any other argument. Throws
 /// BadFlag for a missing or bad value.
 bool parse_run_flag(int argc, char** argv, int& i, RunOptions& options);

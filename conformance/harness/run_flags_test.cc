@@ -33,6 +33,21 @@ TEST(RunFlags, SetsEachOptionAndLeavesOtherArguments) {
   EXPECT_EQ(rest, (std::vector<std::string>{"--json", "--backend"}));
 }
 
+TEST(RunFlags, SetsEachStep) {
+  RunOptions options;
+  const auto rest =
+      parse({"--sleep", "2", "--recreate-parameters", "--host-numbers", "--compare-state",
+             "--cold-footprint-tolerance", "4096", "--reload-peak-budget", "0", "--x"},
+            options);
+  EXPECT_EQ(options.steps.sleep_level, 2);
+  EXPECT_TRUE(options.steps.recreate_parameters);
+  EXPECT_TRUE(options.steps.host_numbers);
+  EXPECT_TRUE(options.steps.compare_state);
+  EXPECT_EQ(options.steps.cold_footprint_tolerance_bytes, 4096);
+  EXPECT_EQ(options.steps.reload_peak_budget_bytes, 0);
+  EXPECT_EQ(rest, (std::vector<std::string>{"--x"}));
+}
+
 TEST(RunFlags, TakesACudaDeviceWithoutNeedingOne) {
   RunOptions options;
   parse({"--device", "cuda:1"}, options);
@@ -56,6 +71,11 @@ TEST(RunFlags, RefusesBadValuesNamingTheFlag) {
       {{"--device", "gpu"}, "--device takes cpu or cuda[:I], not 'gpu'"},
       {{"--reloads"}, "--reloads needs a value"},
       {{"--device"}, "--device needs a value"},
+      {{"--sleep", "0"}, "--sleep takes an integer >= 1, not '0'"},
+      {{"--sleep", "3"}, "--sleep takes 1 or 2, not 3"},
+      {{"--cold-footprint-tolerance", "-1"},
+       "--cold-footprint-tolerance takes an integer >= 0, not '-1'"},
+      {{"--reload-peak-budget"}, "--reload-peak-budget needs a value"},
   };
   for (const BadCase& c : cases) {
     SCOPED_TRACE(c.args.front());
@@ -67,6 +87,7 @@ TEST(RunFlags, RefusesBadValuesNamingTheFlag) {
       EXPECT_EQ(std::string(e.what()), c.message);
     }
     EXPECT_EQ(options.reloads, RunOptions{}.reloads) << "a refused flag changes nothing";
+    EXPECT_EQ(options.steps.sleep_level, 0) << "a refused flag changes nothing";
   }
 }
 

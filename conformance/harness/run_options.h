@@ -16,6 +16,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <optional>
 
 namespace reloadsafe::harness {
 
@@ -36,6 +37,61 @@ constexpr uint64_t reload_seed(uint64_t seed, int r) {
   return seed + 1000003 * static_cast<uint64_t>(r);
 }
 
+/// The harness steps around each reload, each off by default: what an engine
+/// does between reloads (sleep and wake), how it reloads (re-created
+/// parameters), and what is checked beyond addresses and values (host
+/// numbers, state against a cold load, memory over a whole reload). A run
+/// takes the steps its options ask for and those its subject asks for
+/// (SubjectInfo::steps), merged by merged_with().
+struct ReloadSteps {
+  /// 0: no sleep. 1 or 2: before every reload the layer sleeps and wakes,
+  /// as an engine's sleep mode does between RL steps (reload_steps.h):
+  /// the contents of every storage the subject names are discarded, then
+  /// wake restores its registered buffers (level 2), or its parameters and
+  /// buffers (level 1), from a host copy.
+  int sleep_level = 0;
+  /// Before every reload's load, every registered parameter's storage is
+  /// filled with a sentinel (NaN; -1 for integers), as the memory of a
+  /// parameter re-created by a layerwise reload holds garbage.
+  bool recreate_parameters = false;
+  /// Every host number the subject names keeps the value it had when the
+  /// forward was captured (a graph bakes it into a launch).
+  bool host_numbers = false;
+  /// After every reload, every tensor and host number the subject names
+  /// equals a cold load's of the same checkpoint, by name; one that does
+  /// not is named "not idempotent" when loading that checkpoint twice
+  /// already changes it (layer_state.h).
+  bool compare_state = false;
+  /// Live bytes after a reload may exceed the cold load's by at most this
+  /// (an extra copy kept from the first reload on).
+  std::optional<int64_t> cold_footprint_tolerance_bytes;
+  /// While a reload loads and post-processes, live bytes may rise at most
+  /// this far above what was live just before it.
+  std::optional<int64_t> reload_peak_budget_bytes;
+
+  /// Every step either asks for: the higher sleep level, each check asked
+  /// by either, the tighter of two bounds.
+  ReloadSteps merged_with(const ReloadSteps& other) const {
+    ReloadSteps out = *this;
+    out.sleep_level = sleep_level > other.sleep_level ? sleep_level : other.sleep_level;
+    out.recreate_parameters = recreate_parameters || other.recreate_parameters;
+    out.host_numbers = host_numbers || other.host_numbers;
+    out.compare_state = compare_state || other.compare_state;
+    out.cold_footprint_tolerance_bytes =
+        tighter(cold_footprint_tolerance_bytes, other.cold_footprint_tolerance_bytes);
+    out.reload_peak_budget_bytes =
+        tighter(reload_peak_budget_bytes, other.reload_peak_budget_bytes);
+    return out;
+  }
+
+ private:
+  static std::optional<int64_t> tighter(std::optional<int64_t> a, std::optional<int64_t> b) {
+    if (!a) return b;
+    if (!b) return a;
+    return *a < *b ? a : b;
+  }
+};
+
 struct RunOptions {
   int reloads = kDefaultReloads;
   c10::Device device = c10::Device(c10::kCPU);
@@ -45,6 +101,8 @@ struct RunOptions {
   /// Trace the forward (capture emulation, CPU replay). Off: only declared
   /// tensors, values and memory are checked.
   bool trace = true;
+  /// The steps around each reload (off by default).
+  ReloadSteps steps;
 };
 
 }  // namespace reloadsafe::harness

@@ -14,6 +14,8 @@
 // that enters it); a subject never enters one itself.
 #pragma once
 
+#include "conformance/harness/layer_state.h"
+#include "conformance/harness/run_options.h"
 #include "conformance/trace/capture.h"
 
 #include <ATen/core/Tensor.h>
@@ -55,6 +57,10 @@ struct SubjectInfo {
   std::string expected_violation;
   /// Bytes live storages may grow by after the first reload.
   int64_t memory_tolerance_bytes = 0;
+  /// Steps every run of this subject takes, merged with the run's own
+  /// (RunOptions::steps): a subject whose bug only shows after a sleep asks
+  /// for one.
+  ReloadSteps steps;
 };
 
 class ReloadSubject {
@@ -91,6 +97,36 @@ class ReloadSubject {
 
   /// Every opaque object of the live layer the subject can name.
   virtual std::vector<NamedObject> named_objects() { return {}; }
+
+  // What the steps of ReloadSteps need (run_options.h). A subject that
+  // cannot answer one keeps the default, and a run that asks for that step
+  // is refused with the step's name.
+
+  /// The live layer's registered parameters: what a layerwise reload
+  /// re-creates and sleep level 1 restores.
+  virtual std::vector<at::Tensor> parameters() { return {}; }
+
+  /// The live layer's registered buffers: what every wake restores.
+  virtual std::vector<at::Tensor> buffers() { return {}; }
+
+  /// Tensors of caches kept outside the layer (a module-level dict) that
+  /// post-processing reads, when the author names them: slept with the
+  /// layer and compared by name; not held to their addresses.
+  virtual std::vector<NamedTensor> cache_tensors() { return {}; }
+
+  /// Every host number (int, float) the live layer reaches, by name; names
+  /// the author marked as free to change are left out.
+  virtual std::vector<NamedNumber> named_numbers() { return {}; }
+
+  /// Whether the subject answers cold_state.
+  virtual bool has_cold_state() const { return false; }
+
+  /// A cold load of `ckpt` made aside, in a second layer that loads and
+  /// post-processes it `loads` times (1, or 2 to tell a non-idempotent
+  /// post-processing), as what it holds: its tensors (its caches' included)
+  /// and host numbers, by the names the live layer's have. Names the
+  /// subject does not want compared are left out.
+  virtual LayerState cold_state(const Checkpoint& /*ckpt*/, int /*loads*/) { return {}; }
 
   /// Drops the live layer (between modes).
   virtual void release() {}

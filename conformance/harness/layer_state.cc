@@ -1,0 +1,114 @@
+#include "conformance/harness/layer_state.h"
+
+#include "conformance/trace/tensor_location.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/ScalarType.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+
+namespace reloadsafe::harness {
+namespace {
+
+constexpr double kRtol = 1e-5;
+constexpr double kAtol = 1e-6;
+
+// "float32[8, 16]", as Python writes a dtype and a shape.
+std::string layout(const at::Tensor& t) {
+  std::string out(c10::getDtypeNames(t.scalar_type()).first);
+  out += '[';
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (d > 0) out += ", ";
+    out += std::to_string(t.size(d));
+  }
+  return out + ']';
+}
+
+std::string format_g4(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.4g", v);
+  return buf;
+}
+
+// How `live` differs from `cold` in layout or value; empty when it does not.
+std::string tensor_difference(const at::Tensor& live, const at::Tensor& cold) {
+  if (live.sizes() != cold.sizes() || live.scalar_type() != cold.scalar_type()) {
+    return layout(live);
+  }
+  const at::Tensor a = live.detach().to(at::kCPU);
+  const at::Tensor b = cold.detach().to(at::kCPU);
+  if (a.is_floating_point() || a.is_complex()) {
+    if (at::allclose(a, b, kRtol, kAtol, /*equal_nan=*/true)) return "";
+    const at::Tensor a64 = a.is_complex() ? at::view_as_real(a).to(at::kDouble) : a.to(at::kDouble);
+    const at::Tensor b64 = b.is_complex() ? at::view_as_real(b).to(at::kDouble) : b.to(at::kDouble);
+    const at::Tensor nan = at::logical_xor(a64.isnan(), b64.isnan());
+    const int64_t nans = nan.sum().item<int64_t>();
+    if (nans > 0) return std::to_string(nans) + " NaN where a cold load has numbers";
+    return "max |diff| " + format_g4((a64 - b64).abs().max().item<double>());
+  }
+  if (at::equal(a, b)) return "";
+  return std::to_string(a.ne(b).sum().item<int64_t>()) + " of " + std::to_string(a.numel()) +
+         " elements differ";
+}
+
+bool comparable(const at::Tensor& t) {
+  return t.defined() && t.numel() > 0 && !t.is_meta() && trace::has_plain_storage(t);
+}
+
+bool same_number(double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  if (a == b) return true;  // infinities of one sign
+  // Python's math.isclose(a, b, rel_tol, abs_tol).
+  return std::fabs(a - b) <= std::max(kRtol * std::max(std::fabs(a), std::fabs(b)), kAtol);
+}
+
+}  // namespace
+
+std::string format_number(const NamedNumber& n) {
+  const double v = n.value;
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[64];
+  if (n.integral) {
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+    return buf;
+  }
+  // The shortest form that reads back as the same double, as Python's repr.
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::snprintf(buf, sizeof buf, "%.*g", precision, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  std::string out = buf;
+  if (out.find_first_of(".e") == std::string::npos) out += ".0";
+  return out;
+}
+
+std::vector<StateDifference> state_differences(const LayerState& live, const LayerState& cold) {
+  std::vector<StateDifference> out;
+  std::map<std::string, const at::Tensor*> cold_tensors;
+  for (const NamedTensor& n : cold.tensors) cold_tensors.emplace(n.name, &n.tensor);
+  for (const NamedTensor& n : live.tensors) {
+    const auto it = cold_tensors.find(n.name);
+    if (it == cold_tensors.end() || !comparable(n.tensor) || !comparable(*it->second)) continue;
+    std::string diff = tensor_difference(n.tensor, *it->second);
+    if (!diff.empty()) {
+      out.push_back(StateDifference{n.name, "cold load " + layout(*it->second), std::move(diff)});
+    }
+  }
+  std::map<std::string, const NamedNumber*> cold_numbers;
+  for (const NamedNumber& n : cold.numbers) cold_numbers.emplace(n.name, &n);
+  for (const NamedNumber& n : live.numbers) {
+    const auto it = cold_numbers.find(n.name);
+    if (it == cold_numbers.end() || same_number(n.value, it->second->value)) continue;
+    out.push_back(
+        StateDifference{n.name, "cold load " + format_number(*it->second), format_number(n)});
+  }
+  return out;
+}
+
+}  // namespace reloadsafe::harness
