@@ -80,12 +80,43 @@ class NamedObject:
 def object_identity(obj: object) -> int: ...
 def live_tensor_bytes(device: torch.device) -> int | None: ...
 def take_peak_tensor_bytes(device: torch.device) -> int | None: ...
+class ReloadSteps:
+    sleep_level: int
+    recreate_parameters: bool
+    host_numbers: bool
+    compare_state: bool
+    cold_footprint_tolerance_bytes: int | None
+    reload_peak_budget_bytes: int | None
+
+def check_steps(steps: ReloadSteps) -> None: ...
+
+class NamedNumber:
+    def __init__(self, name: str, value: float, integral: bool = ...) -> None: ...
+    name: str
+    value: float
+    integral: bool
+
+class LayerState:
+    def __init__(self, tensors: list[NamedTensor], numbers: list[NamedNumber]) -> None: ...
+    tensors: list[NamedTensor]
+    numbers: list[NamedNumber]
+
+class StateDifference:
+    name: str
+    before: str
+    after: str
+
+def state_differences(live: LayerState, cold: LayerState) -> list[StateDifference]: ...
+def format_number(number: NamedNumber) -> str: ...
+def discard_storage(tensor: torch.Tensor, integer: int = ...) -> None: ...
+
 class RunOptions:
     reloads: int
     device: torch.device
     seed: int
     max_listed: int
     trace: bool
+    steps: ReloadSteps
 
 DEFAULT_RELOADS: int
 
@@ -136,6 +167,7 @@ class SubjectInfo:
         negative_control: bool = ...,
         expected_violation: str = ...,
         memory_tolerance_bytes: int = ...,
+        steps: ReloadSteps = ...,
     ) -> None: ...
     name: str
     description: str
@@ -143,6 +175,7 @@ class SubjectInfo:
     negative_control: bool
     expected_violation: str
     memory_tolerance_bytes: int
+    steps: ReloadSteps
 
 class ReloadSubject:
     """Derive in Python and override info, draw_checkpoint, draw_input,
@@ -151,6 +184,12 @@ class ReloadSubject:
     def __init__(self) -> None: ...
     def release(self) -> None: ...
     def named_objects(self) -> list[NamedObject]: ...
+    def parameters(self) -> list[torch.Tensor]: ...
+    def buffers(self) -> list[torch.Tensor]: ...
+    def cache_tensors(self) -> list[NamedTensor]: ...
+    def named_numbers(self) -> list[NamedNumber]: ...
+    def has_cold_state(self) -> bool: ...
+    def cold_state(self, ckpt: dict[str, torch.Tensor], loads: int) -> LayerState: ...
 
 def run_subject(subject: ReloadSubject, options: RunOptions) -> BackendReport: ...
 def to_json(reports: list[BackendReport], options: RunOptions) -> str: ...

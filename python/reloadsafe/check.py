@@ -34,9 +34,8 @@ from .loading import (
     is_dense,
     load_checkpoint,
 )
-from .sleep import LEVELS, Caches, SleepWake, caches_emptied, discard
-from .state import BakedNumbers, ReloadPeak, StateComparison, footprint_over_cold
-from .walk import named_objects, named_tensors
+from .sleep import LEVELS, Caches, cache_tensors, caches_emptied
+from .walk import named_numbers, named_objects, named_tensors
 
 __all__ = ["check_reload", "ReloadReport", "MODES"]
 
@@ -178,12 +177,7 @@ class _LayerSubject(_C.ReloadSubject):
         self.expect_violation = expect_violation
         self.memory_tolerance_bytes = _whole_number("memory_tolerance_bytes", memory_tolerance_bytes, 0, example=4096)
         self.example_input = example_input
-        self.state_comparison: StateComparison | None = None  # compare_state=True
-        self.sleep_wake: SleepWake | None = None  # sleep=1 or 2
         self.module_caches: Caches = {}
-        self.recreate_parameters = False
-        self.baked_numbers: BakedNumbers | None = None  # host_numbers=True
-        self.reload_peak: ReloadPeak | None = None  # reload_peak_budget_bytes=N
 
         probe = self.new_layer()
         n_weights = sum(1 for _ in probe.parameters()) + sum(1 for _ in probe.buffers())
@@ -249,32 +243,10 @@ class _LayerSubject(_C.ReloadSubject):
 
     def cold_load(self, ckpt: Checkpoint) -> None:
         self.live = self.cold_loaded(ckpt)
-        if self.state_comparison is not None:
-            self.state_comparison.cold_loaded()
-        if self.baked_numbers is not None:
-            self.baked_numbers.cold_loaded()
-        if self.reload_peak is not None:
-            self.reload_peak.cold_loaded()
 
     def reload(self, mode: Any, ckpt: Checkpoint) -> None:
         assert self.live is not None
-        if self.sleep_wake is not None:
-            self.sleep_wake(self.live)  # sleep and wake, then the reload (sleep.py)
-        if self.recreate_parameters:
-            # As layerwise reload re-creates them: uninitialised memory, here
-            # a sentinel (NaN, integers -1), where the loader will not write.
-            for p in self.live.parameters():
-                discard(p, integer=-1)
-        if self.reload_peak is not None:
-            self.reload_peak.starting()
         self.load_and_process(self.live, ckpt)
-        if self.reload_peak is not None:
-            self.reload_peak.done("direct" if mode == _C.ReloadMode.direct else "normal")
-        if self.state_comparison is not None:
-            mode_name = "direct" if mode == _C.ReloadMode.direct else "normal"
-            self.state_comparison.reloaded(mode_name, self.live, ckpt)
-        if self.baked_numbers is not None:
-            self.baked_numbers.reloaded("direct" if mode == _C.ReloadMode.direct else "normal", self.live)
         gc.collect()  # storages kept only by reference cycles are freed before the census
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -283,13 +255,56 @@ class _LayerSubject(_C.ReloadSubject):
 
     def named_tensors(self) -> list[Any]:
         assert self.live is not None
-        if self.baked_numbers is not None:
-            self.baked_numbers.captured(self.live)  # the first walk after the warm-up is the baseline
         out = []
         for nt in named_tensors(self.live):
             declared = nt.tensor.numel() > 0 and nt.name not in self.undeclared
             out.append(_C.NamedTensor(nt.name, nt.tensor, declared))
         return out
+
+    # What the protocol's steps (ReloadSteps) ask of the layer.
+    def parameters(self) -> list[torch.Tensor]:
+        assert self.live is not None
+        return list(self.live.parameters())
+
+    def buffers(self) -> list[torch.Tensor]:
+        """The registered buffers, non-persistent ones included: what a wake
+        restores from its host copy."""
+        assert self.live is not None
+        return [b for _, b in self.live.named_buffers()]
+
+    def cache_tensors(self) -> list[Any]:
+        return [_C.NamedTensor(n, t, False) for n, t in cache_tensors(self.module_caches)]
+
+    def named_numbers(self) -> list[Any]:
+        assert self.live is not None
+        return self._numbers(self.live)
+
+    def _numbers(self, layer: torch.nn.Module) -> list[Any]:
+        return [
+            _C.NamedNumber(n, float(v), isinstance(v, int))
+            for n, v in named_numbers(layer)
+            if n not in self.undeclared
+        ]
+
+    def has_cold_state(self) -> bool:
+        return True
+
+    def cold_state(self, ckpt: Checkpoint, loads: int) -> Any:
+        """A new layer that loads and post-processes ``ckpt`` ``loads``
+        times (in eval mode after the first, as a cold load leaves it), with
+        the module caches emptied for it and put back after: its tensors
+        (its caches' included) and host numbers, ``undeclared`` names left
+        out."""
+        with caches_emptied(self.module_caches) as caches:
+            layer = self.new_layer()
+            for i in range(loads):
+                self.load_and_process(layer, ckpt)
+                if i == 0:
+                    layer.eval()
+        tensors = [_C.NamedTensor(nt.name, nt.tensor, True) for nt in named_tensors(layer)
+                   if nt.name not in self.undeclared]
+        tensors += [_C.NamedTensor(n, t, True) for n, t in cache_tensors(caches)]
+        return _C.LayerState(tensors, self._numbers(layer))
 
     def named_objects(self) -> list[Any]:
         assert self.live is not None
@@ -317,16 +332,12 @@ class _LayerSubject(_C.ReloadSubject):
         return layer.to(self.device)
 
     def cold_forward(self, ckpt: Checkpoint, x: torch.Tensor) -> torch.Tensor:
-        """The forward on ``x`` of a cold load of ``ckpt`` into a new layer."""
-        return self.run_forward(self.aside_loaded(ckpt)[0], x)
-
-    def aside_loaded(self, ckpt: Checkpoint) -> tuple[torch.nn.Module, dict[str, dict[Any, Any]]]:
-        """A cold load made aside (a reference), with the module caches
-        emptied for it and put back after; also what the caches held at its
-        end (sleep.caches_emptied)."""
-        with caches_emptied(self.module_caches) as caches:
+        """The forward on ``x`` of a cold load of ``ckpt`` into a new layer,
+        made with the module caches emptied for it and put back after, so a
+        corrupted cache cannot corrupt the reference too."""
+        with caches_emptied(self.module_caches):
             layer = self.cold_loaded(ckpt)
-        return layer, caches
+        return self.run_forward(layer, x)
 
     def cold_loaded(self, ckpt: Checkpoint) -> torch.nn.Module:
         """A new layer with ``ckpt`` loaded and post-processed, then put in
@@ -774,6 +785,9 @@ def check_reload(
       (a stale derived tensor, a host number a graph bakes in, padding left
       from an earlier pass). State the forward makes is not compared.
 
+    These steps are the C++ protocol's (``ReloadSteps``, the same for a C++
+    backend with ``reload_harness --sleep 2`` and the like):
+
     ``sleep`` (1 or 2) puts the layer to sleep and wakes it before every
     reload, as an engine's sleep mode does between RL steps
     (reloadsafe/sleep.py): every storage the layer reaches is discarded in
@@ -852,37 +866,29 @@ def check_reload(
             layer, example_input, load, process, forward, make_checkpoint, modes, dev, name, undeclared,
             expect_violation, memory_tolerance_bytes,
         )
-        if sleep is not None:
-            if isinstance(sleep, bool) or sleep not in LEVELS:
-                raise ReloadCheckError(f"check_reload: sleep must be one of {LEVELS} or None, got {sleep!r}")
-            subject.sleep_wake = SleepWake(int(sleep), module_caches or {})
         subject.module_caches = dict(module_caches or {})
-        subject.recreate_parameters = bool(recreate_parameters)
-        if host_numbers:
-            subject.baked_numbers = BakedNumbers(undeclared)
-        if reload_peak_budget_bytes is not None:
-            subject.reload_peak = ReloadPeak(
-                _whole_number("reload_peak_budget_bytes", reload_peak_budget_bytes, 0, example=1 << 20), dev)
-        if compare_state:
-            subject.state_comparison = StateComparison(subject, undeclared)
-        subject.preflight(device_clean=device_clean)
         options = _C.RunOptions()
         options.reloads = int(reloads)
         options.device = dev
         options.seed = int(seed)
         options.trace = bool(trace)
-        report = _C.run_subject(subject, options)
-        if subject.state_comparison is not None:
-            subject.state_comparison.add_to(report)
-        if subject.baked_numbers is not None:
-            subject.baked_numbers.add_to(report)
-        if subject.reload_peak is not None:
-            subject.reload_peak.add_to(report)
+        steps = _C.ReloadSteps()
+        if sleep is not None:
+            if isinstance(sleep, bool) or sleep not in LEVELS:
+                raise ReloadCheckError(f"check_reload: sleep must be one of {LEVELS} or None, got {sleep!r}")
+            steps.sleep_level = int(sleep)
+        steps.recreate_parameters = bool(recreate_parameters)
+        steps.host_numbers = bool(host_numbers)
+        steps.compare_state = bool(compare_state)
         if cold_footprint_tolerance_bytes is not None:
-            held = sum(t.numel() * t.element_size() for t in subject.first_checkpoint.values())
-            footprint_over_cold(report, _whole_number(
-                "cold_footprint_tolerance_bytes", cold_footprint_tolerance_bytes, 0, example=4096),
-                held if dev.type == "cpu" else 0)
+            steps.cold_footprint_tolerance_bytes = _whole_number(
+                "cold_footprint_tolerance_bytes", cold_footprint_tolerance_bytes, 0, example=4096)
+        if reload_peak_budget_bytes is not None:
+            steps.reload_peak_budget_bytes = _whole_number(
+                "reload_peak_budget_bytes", reload_peak_budget_bytes, 0, example=1 << 20)
+        options.steps = steps
+        subject.preflight(device_clean=device_clean)
+        report = _C.run_subject(subject, options)
     return ReloadReport(report, options)
 
 

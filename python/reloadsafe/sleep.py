@@ -7,7 +7,9 @@ and the trainer's weights are loaded again after wake, with the registered
 buffers restored from a host copy), SGLang's memory-saver pause. Both keep
 every address (the memory is unmapped and mapped again), so a captured graph
 stays valid, but what was in memory the wake does not restore is garbage.
-``check_reload(..., sleep=1 or 2)`` does this before every reload:
+``check_reload(..., sleep=1 or 2)`` does this before every reload (the C++
+protocol's sleep step, conformance/harness/reload_steps.h; the Python
+subject names the storages, buffers and parameters):
 
 - sleep: the contents of every storage the layer reaches (``named_tensors``:
   parameters, buffers, attributes, kernel objects, closures; and the tensors
@@ -40,9 +42,9 @@ from typing import Any
 
 import torch
 
-from .walk import named_tensors
+from ._loader import _C
 
-__all__ = ["LEVELS", "Caches", "SleepWake", "cache_tensors", "caches_emptied", "discard"]
+__all__ = ["LEVELS", "Caches", "cache_tensors", "caches_emptied", "discard"]
 
 #: The sleep levels: 1 (params and buffers restored), 2 (buffers restored).
 LEVELS = (1, 2)
@@ -87,40 +89,6 @@ def caches_emptied(caches: Caches) -> Iterator[dict[str, dict[Any, Any]]]:
 
 def discard(t: torch.Tensor, integer: int = 0) -> None:
     """Overwrites every element of ``t``'s whole storage, in place: NaN for
-    a floating or complex dtype, ``integer`` otherwise."""
-    if t.numel() == 0 or t.is_meta:
-        return
-    storage = t.untyped_storage()
-    n = storage.nbytes() // t.element_size()
-    whole = torch.empty(0, dtype=t.dtype, device=t.device)
-    whole.set_(storage, 0, (n,))
-    with torch.no_grad():
-        whole.fill_(float("nan") if (t.is_floating_point() or t.is_complex()) else integer)
-
-
-class SleepWake:
-    """Sleep at ``level`` (1 or 2) and wake, on a live layer."""
-
-    def __init__(self, level: int, caches: Caches) -> None:
-        self.level = level
-        self.caches = caches
-
-    def __call__(self, layer: torch.nn.Module) -> None:
-        restored: list[tuple[torch.Tensor, torch.Tensor]] = []
-        registered = list(layer.named_buffers())
-        if self.level == 1:
-            registered += list(layer.named_parameters())
-        for _, t in registered:
-            if t.numel() > 0 and not t.is_meta:
-                restored.append((t, t.detach().to("cpu", copy=True)))
-        seen: set[int] = set()
-        for t in [n.tensor for n in named_tensors(layer)] + [t for _, t in cache_tensors(self.caches)]:
-            if t.numel() == 0 or t.is_meta:
-                continue
-            key = t.untyped_storage().data_ptr()
-            if key not in seen:
-                seen.add(key)
-                discard(t)
-        with torch.no_grad():
-            for t, host in restored:
-                t.detach().copy_(host)
+    a floating or complex dtype, ``integer`` otherwise (the protocol's own
+    garbage, ``discard_storage`` in conformance/harness/reload_steps.h)."""
+    _C.discard_storage(t, integer)

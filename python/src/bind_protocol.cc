@@ -6,7 +6,9 @@
 #include "python/src/bindings.h"
 
 #include "conformance/harness/device_graph.h"
+#include "conformance/harness/layer_state.h"
 #include "conformance/harness/protocol.h"
+#include "conformance/harness/reload_steps.h"
 #include "conformance/harness/report.h"
 #include "conformance/harness/report_format.h"
 #include "conformance/harness/run_options.h"
@@ -27,12 +29,16 @@ namespace {
 
 using harness::BackendReport;
 using harness::Checkpoint;
+using harness::LayerState;
 using harness::ModeReport;
+using harness::NamedNumber;
 using harness::NamedObject;
 using harness::NamedTensor;
 using harness::ReloadMode;
+using harness::ReloadSteps;
 using harness::ReloadSubject;
 using harness::RunOptions;
+using harness::StateDifference;
 using harness::SubjectInfo;
 using harness::Violation;
 using harness::Warning;
@@ -70,6 +76,22 @@ class PySubject : public ReloadSubject {
     PYBIND11_OVERRIDE(std::vector<NamedObject>, ReloadSubject, named_objects);
   }
   void release() override { PYBIND11_OVERRIDE(void, ReloadSubject, release); }
+  std::vector<at::Tensor> parameters() override {
+    PYBIND11_OVERRIDE(std::vector<at::Tensor>, ReloadSubject, parameters);
+  }
+  std::vector<at::Tensor> buffers() override {
+    PYBIND11_OVERRIDE(std::vector<at::Tensor>, ReloadSubject, buffers);
+  }
+  std::vector<NamedTensor> cache_tensors() override {
+    PYBIND11_OVERRIDE(std::vector<NamedTensor>, ReloadSubject, cache_tensors);
+  }
+  std::vector<NamedNumber> named_numbers() override {
+    PYBIND11_OVERRIDE(std::vector<NamedNumber>, ReloadSubject, named_numbers);
+  }
+  bool has_cold_state() const override { PYBIND11_OVERRIDE(bool, ReloadSubject, has_cold_state); }
+  LayerState cold_state(const Checkpoint& ckpt, int loads) override {
+    PYBIND11_OVERRIDE(LayerState, ReloadSubject, cold_state, ckpt, loads);
+  }
 };
 
 // The identity the read trace gives a TorchBind object (its ivalue::Object).
@@ -137,13 +159,51 @@ void bind_protocol(py::module_& m) {
   m.def("object_identity", &identity_of, py::arg("obj"),
         "The identity the read trace gives a TorchBind object (ObjectRead.identity).");
 
+  py::class_<NamedNumber>(m, "NamedNumber")
+      .def(py::init([](std::string name, double value, bool integral) {
+             return NamedNumber{std::move(name), value, integral};
+           }),
+           py::arg("name"), py::arg("value"), py::arg("integral") = false)
+      .def_readonly("name", &NamedNumber::name)
+      .def_readonly("value", &NamedNumber::value)
+      .def_readonly("integral", &NamedNumber::integral);
+
+  py::class_<LayerState>(m, "LayerState")
+      .def(py::init([](std::vector<NamedTensor> tensors, std::vector<NamedNumber> numbers) {
+             return LayerState{std::move(tensors), std::move(numbers)};
+           }),
+           py::arg("tensors"), py::arg("numbers"))
+      .def_readonly("tensors", &LayerState::tensors)
+      .def_readonly("numbers", &LayerState::numbers);
+
+  py::class_<StateDifference>(m, "StateDifference")
+      .def_readonly("name", &StateDifference::name)
+      .def_readonly("before", &StateDifference::before)
+      .def_readonly("after", &StateDifference::after);
+  m.def("state_differences", &harness::state_differences, py::arg("live"), py::arg("cold"),
+        "Every name both states hold whose value differs (layer_state.h).");
+  m.def("format_number", &harness::format_number, py::arg("number"));
+  m.def("discard_storage", &harness::discard_storage, py::arg("tensor"), py::arg("integer") = 0,
+        "Fills `tensor`'s whole storage in place: NaN (floating, complex) or `integer`.");
+
+  py::class_<ReloadSteps>(m, "ReloadSteps")
+      .def(py::init<>())
+      .def_readwrite("sleep_level", &ReloadSteps::sleep_level)
+      .def_readwrite("recreate_parameters", &ReloadSteps::recreate_parameters)
+      .def_readwrite("host_numbers", &ReloadSteps::host_numbers)
+      .def_readwrite("compare_state", &ReloadSteps::compare_state)
+      .def_readwrite("cold_footprint_tolerance_bytes", &ReloadSteps::cold_footprint_tolerance_bytes)
+      .def_readwrite("reload_peak_budget_bytes", &ReloadSteps::reload_peak_budget_bytes);
+  m.def("check_steps", &harness::check_steps, py::arg("steps"));
+
   py::class_<RunOptions>(m, "RunOptions")
       .def(py::init<>())
       .def_readwrite("reloads", &RunOptions::reloads)
       .def_readwrite("device", &RunOptions::device)
       .def_readwrite("seed", &RunOptions::seed)
       .def_readwrite("max_listed", &RunOptions::max_listed)
-      .def_readwrite("trace", &RunOptions::trace);
+      .def_readwrite("trace", &RunOptions::trace)
+      .def_readwrite("steps", &RunOptions::steps);
   // The run's defaults and seed rule (run_options.h), for check_reload's
   // default and for tests that tell reloads apart by their checkpoint's seed.
   m.attr("DEFAULT_RELOADS") = harness::kDefaultReloads;
@@ -190,26 +250,34 @@ void bind_protocol(py::module_& m) {
   py::class_<SubjectInfo>(m, "SubjectInfo")
       .def(py::init([](std::string name, std::string description, std::vector<ReloadMode> modes,
                        bool negative_control, std::string expected_violation,
-                       int64_t memory_tolerance_bytes) {
+                       int64_t memory_tolerance_bytes, ReloadSteps steps) {
              return SubjectInfo{
                  std::move(name),  std::move(description),        std::move(modes),
-                 negative_control, std::move(expected_violation), memory_tolerance_bytes};
+                 negative_control, std::move(expected_violation), memory_tolerance_bytes,
+                 std::move(steps)};
            }),
            py::arg("name"), py::arg("description") = "",
            py::arg("modes") = std::vector<ReloadMode>{ReloadMode::kNormal, ReloadMode::kDirect},
            py::arg("negative_control") = false, py::arg("expected_violation") = "",
-           py::arg("memory_tolerance_bytes") = 0)
+           py::arg("memory_tolerance_bytes") = 0, py::arg("steps") = ReloadSteps{})
       .def_readonly("name", &SubjectInfo::name)
       .def_readonly("description", &SubjectInfo::description)
       .def_readonly("modes", &SubjectInfo::modes)
       .def_readonly("negative_control", &SubjectInfo::negative_control)
       .def_readonly("expected_violation", &SubjectInfo::expected_violation)
-      .def_readonly("memory_tolerance_bytes", &SubjectInfo::memory_tolerance_bytes);
+      .def_readonly("memory_tolerance_bytes", &SubjectInfo::memory_tolerance_bytes)
+      .def_readonly("steps", &SubjectInfo::steps);
 
   py::class_<ReloadSubject, PySubject>(m, "ReloadSubject")
       .def(py::init<>())
       .def("release", &ReloadSubject::release)
-      .def("named_objects", &ReloadSubject::named_objects);
+      .def("named_objects", &ReloadSubject::named_objects)
+      .def("parameters", &ReloadSubject::parameters)
+      .def("buffers", &ReloadSubject::buffers)
+      .def("cache_tensors", &ReloadSubject::cache_tensors)
+      .def("named_numbers", &ReloadSubject::named_numbers)
+      .def("has_cold_state", &ReloadSubject::has_cold_state)
+      .def("cold_state", &ReloadSubject::cold_state, py::arg("ckpt"), py::arg("loads"));
 
   m.def("run_subject", &harness::run_subject, py::arg("subject"), py::arg("options"));
   m.def("cuda_unavailable_reason", &harness::cuda_unavailable_reason,
