@@ -1,0 +1,103 @@
+#include "conformance/harness/layer_state.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace reloadsafe::harness {
+namespace {
+
+TEST(FormatNumber, PrintsAsPythonDoes) {
+  struct Row {
+    NamedNumber n;
+    std::string text;
+  };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  const Row rows[] = {
+      {{"i", 3, true}, "3"},
+      {{"i", -12, true}, "-12"},
+      {{"f", 0.5, false}, "0.5"},
+      {{"f", 1.0, false}, "1.0"},
+      {{"f", 0.1, false}, "0.1"},
+      {{"f", 1.0 / 3.0, false}, "0.3333333333333333"},
+      {{"f", 0.018798828125, false}, "0.018798828125"},
+      {{"f", 1e20, false}, "1e+20"},
+      {{"f", nan, false}, "nan"},
+      {{"f", inf, false}, "inf"},
+      {{"f", -inf, false}, "-inf"},
+  };
+  for (const Row& row : rows) EXPECT_EQ(format_number(row.n), row.text) << row.n.value;
+}
+
+// Each row: the live side's value of one name against the cold side's.
+TEST(StateDifferences, NamesWhatDiffersAndSaysHow) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  struct Row {
+    const char* name;
+    at::Tensor live, cold;
+    std::string after;  ///< empty: equal
+  };
+  const Row rows[] = {
+      {"equal", at::ones({3}), at::ones({3}), ""},
+      {"within tolerance", at::ones({3}), at::ones({3}) + 1e-7, ""},
+      {"off", at::ones({3}), at::zeros({3}), "max |diff| 1"},
+      {"nan where numbers", at::tensor({1.0, nan}), at::tensor({1.0, 2.0}),
+       "1 NaN where a cold load has numbers"},
+      {"nan on both sides", at::tensor({1.0, nan}), at::tensor({1.0, nan}), ""},
+      {"integers", at::tensor({1, 2, 3}), at::tensor({1, 5, 6}), "2 of 3 elements differ"},
+      {"another shape", at::ones({2, 2}), at::ones({4}), "float32[2, 2]"},
+      {"another dtype", at::ones({4}, at::kHalf), at::ones({4}), "float16[4]"},
+      {"bool", at::tensor({1, 0}).to(at::kBool), at::ones({2}, at::kBool),
+       "1 of 2 elements differ"},
+  };
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.name);
+    const std::vector<StateDifference> d =
+        state_differences({{{"t", row.live, true}}, {}}, {{{"t", row.cold, true}}, {}});
+    if (row.after.empty()) {
+      EXPECT_TRUE(d.empty()) << d.front().after;
+      continue;
+    }
+    ASSERT_EQ(d.size(), 1u);
+    EXPECT_EQ(d[0].name, "t");
+    EXPECT_EQ(d[0].after, row.after);
+  }
+}
+
+TEST(StateDifferences, OnlyNamesBothSidesHoldAreComparedTensorsFirst) {
+  LayerState live{{{"w", at::ones({3}), true},
+                   {"workspace", at::ones({2}), true},  // made by a forward: the cold side has none
+                   {"empty", at::empty({0}), true},
+                   {"meta", at::empty({2}, at::kMeta), true}},
+                  {{"n", 1.5, false}, {"k", 4, true}, {"same", 0.25, false}}};
+  LayerState cold{{{"w", at::zeros({3}), true},
+                   {"empty", at::empty({0}), true},
+                   {"meta", at::empty({2}, at::kMeta), true}},
+                  {{"n", 2.5, false}, {"k", 4, true}, {"same", 0.25 + 1e-9, false}}};
+  const std::vector<StateDifference> d = state_differences(live, cold);
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_EQ(d[0].name, "w");
+  EXPECT_EQ(d[0].before, "cold load float32[3]");
+  EXPECT_EQ(d[0].after, "max |diff| 1");
+  EXPECT_EQ(d[1].name, "n");
+  EXPECT_EQ(d[1].before, "cold load 2.5");
+  EXPECT_EQ(d[1].after, "1.5");
+}
+
+TEST(StateDifferences, ComparingWritesNeitherSide) {
+  at::Tensor live = at::tensor({1.0, 2.0});
+  at::Tensor cold = at::tensor({1.0, 3.0});
+  const void* live_data = live.data_ptr();
+  EXPECT_EQ(state_differences({{{"t", live, true}}, {}}, {{{"t", cold, true}}, {}}).size(), 1u);
+  EXPECT_EQ(live.data_ptr(), live_data);
+  EXPECT_TRUE(at::equal(live, at::tensor({1.0, 2.0})));
+  EXPECT_TRUE(at::equal(cold, at::tensor({1.0, 3.0})));
+}
+
+}  // namespace
+}  // namespace reloadsafe::harness

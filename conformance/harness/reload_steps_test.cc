@@ -1,0 +1,83 @@
+#include "conformance/harness/reload_steps.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace reloadsafe::harness {
+namespace {
+
+TEST(DiscardStorage, FillsTheWholeStorageInPlaceWithTheDtypesGarbage) {
+  struct Row {
+    const char* name;
+    at::Tensor base;
+    int64_t integer;
+    at::Tensor expected;  ///< what every element holds after; undefined: NaN
+  };
+  const Row rows[] = {
+      {"float", at::ones({4}), 0, {}},
+      {"half", at::ones({4}, at::kHalf), 0, {}},
+      {"complex", at::ones({4}, at::kComplexFloat), 0, {}},
+      {"int", at::ones({4}, at::kInt), -1, at::full({4}, -1, at::kInt)},
+      {"uint8 zero", at::ones({4}, at::kByte), 0, at::zeros({4}, at::kByte)},
+      {"bool", at::zeros({4}, at::kBool), -1, at::ones({4}, at::kBool)},
+  };
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.name);
+    const at::Tensor view = row.base.narrow(0, 1, 2);  // a view: the whole storage is discarded
+    const void* data = row.base.data_ptr();
+    const size_t nbytes = row.base.storage().nbytes();
+    discard_storage(view, row.integer);
+    EXPECT_EQ(row.base.data_ptr(), data);
+    EXPECT_EQ(row.base.storage().nbytes(), nbytes);
+    if (row.expected.defined()) {
+      EXPECT_TRUE(at::equal(row.base, row.expected)) << row.base;
+    } else {
+      EXPECT_TRUE(at::isnan(row.base).all().item<bool>()) << row.base;
+    }
+  }
+}
+
+TEST(DiscardStorage, LeavesWhatHasNoBytesAlone) {
+  discard_storage(at::Tensor(), 0);
+  discard_storage(at::empty({0}), 0);
+  discard_storage(at::empty({3}, at::kMeta), 0);
+}
+
+TEST(SleepAndWake, DiscardsEveryReachedStorageOnceAndRestoresOnlyWhatItIsTold) {
+  at::Tensor param = at::ones({4});
+  at::Tensor buffer = at::full({2}, 7.0);
+  at::Tensor plain = at::full({3}, 5, at::kLong);
+  at::Tensor alias = param.narrow(0, 0, 2);  // the same storage as param, reached twice
+  const void* addresses[] = {param.data_ptr(), buffer.data_ptr(), plain.data_ptr()};
+  sleep_and_wake({{"param", param, true},
+                  {"alias", alias, true},
+                  {"buffer", buffer, true},
+                  {"plain", plain, false}},
+                 /*restored=*/{buffer});
+  EXPECT_TRUE(at::isnan(param).all().item<bool>());
+  EXPECT_TRUE(at::equal(buffer, at::full({2}, 7.0)));
+  EXPECT_TRUE(at::equal(plain, at::zeros({3}, at::kLong)));
+  EXPECT_EQ(param.data_ptr(), addresses[0]);
+  EXPECT_EQ(buffer.data_ptr(), addresses[1]);
+  EXPECT_EQ(plain.data_ptr(), addresses[2]);
+}
+
+TEST(SleepAndWake, LevelOneRestoresParametersToo) {
+  at::Tensor param = at::arange(6, at::kFloat);
+  sleep_and_wake({{"param", param, true}}, {param});
+  EXPECT_TRUE(at::equal(param, at::arange(6, at::kFloat)));
+}
+
+TEST(RecreateParameters, FillsEveryParameterWithTheSentinel) {
+  at::Tensor w = at::zeros({2, 3});
+  at::Tensor idx = at::zeros({4}, at::kInt);
+  recreate_parameters({w, idx});
+  EXPECT_TRUE(at::isnan(w).all().item<bool>());
+  EXPECT_TRUE(at::equal(idx, at::full({4}, -1, at::kInt)));
+}
+
+}  // namespace
+}  // namespace reloadsafe::harness
