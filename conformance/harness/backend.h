@@ -76,6 +76,11 @@ class Backend {
   /// C++ has no walker to find them, so the backend lists them.
   virtual std::vector<NamedNumber> host_numbers(const Layer& /*layer*/) const { return {}; }
 
+  /// The engine's own sleep and wake for this layer, if the backend has one
+  /// (a memory saver that keeps host copies): does it and returns true.
+  /// False, the default, has the protocol emulate the sleep step.
+  virtual bool sleep_and_wake(Layer& /*layer*/, int /*level*/) const { return false; }
+
   /// Steps every run of this backend takes besides the run's own (a
   /// backend whose bug shows only after a sleep asks for one).
   virtual ReloadSteps steps() const { return {}; }

@@ -187,6 +187,10 @@ std::vector<NamedObject> BackendSubject::named_objects() {
   return session().named_objects();
 }
 
+bool BackendSubject::sleep_and_wake(int level) {
+  return backend_.sleep_and_wake(session().layer(), level);
+}
+
 std::vector<at::Tensor> BackendSubject::parameters() {
   return session().layer().parameters(/*recurse=*/true);
 }
@@ -199,9 +203,11 @@ std::vector<NamedNumber> BackendSubject::named_numbers() {
   return backend_.host_numbers(session().layer());
 }
 
-LayerState BackendSubject::cold_state(const Checkpoint& ckpt, int loads) {
+LayerState BackendSubject::cold_state(const Checkpoint& ckpt, int loads,
+                                      const at::Tensor& forward_input) {
   ReloadSession aside(backend_, device_, ckpt);
   for (int i = 1; i < loads; ++i) aside.load_and_process(ckpt);
+  if (forward_input.defined()) backend_.forward(aside.layer(), forward_input);
   return LayerState{aside.named_tensors(), backend_.host_numbers(aside.layer())};
 }
 

@@ -101,15 +101,19 @@ class BackendSubject : public ReloadSubject {
   at::Tensor cold_forward(const Checkpoint& ckpt, const at::Tensor& x) override;
   std::vector<NamedTensor> named_tensors() override;
   std::vector<NamedObject> named_objects() override;
+  /// Backend::sleep_and_wake on the live layer.
+  bool sleep_and_wake(int level) override;
   /// The layer's registered parameters and buffers (torch::nn::Module's).
   std::vector<at::Tensor> parameters() override;
   std::vector<at::Tensor> buffers() override;
   /// Backend::host_numbers of the live layer.
   std::vector<NamedNumber> named_numbers() override;
   bool has_cold_state() const override { return true; }
-  /// A ReloadSession of `ckpt` made aside, loaded `loads` times: its
-  /// named_tensors() and the backend's host_numbers().
-  LayerState cold_state(const Checkpoint& ckpt, int loads) override;
+  /// A ReloadSession of `ckpt` made aside, loaded `loads` times (and its
+  /// forward run on `forward_input`, if defined): its named_tensors() and
+  /// the backend's host_numbers().
+  LayerState cold_state(const Checkpoint& ckpt, int loads,
+                        const at::Tensor& forward_input) override;
   void release() override {
     session_.reset();
     fresh_layer_.reset();

@@ -3,7 +3,7 @@
 //   bazel run //conformance/harness:reload_harness -- [--reloads N] [--device cpu|cuda[:I]]
 //       [--backend NAME] [--seed S] [--json PATH] [--no-trace] [--trace] [--build-info]
 //       [steps: --sleep 1|2 --recreate-parameters --host-numbers --compare-state
-//        --cold-footprint-tolerance BYTES --reload-peak-budget BYTES]
+//        --compare-forward-state --cold-footprint-tolerance BYTES --reload-peak-budget BYTES]
 //
 // Prints a table for people and, with --json, writes the report for machines.
 // --trace prints what the forward of each selected backend reads (its
@@ -28,7 +28,8 @@ constexpr const char* kUsage =
     "                      [--json PATH] [--no-trace] [--trace] [--build-info]\n"
     "  steps around each reload (README, \"Harness steps\"):\n"
     "                      [--sleep 1|2] [--recreate-parameters] [--host-numbers]\n"
-    "                      [--compare-state] [--cold-footprint-tolerance BYTES]\n"
+    "                      [--compare-state] [--compare-forward-state]\n"
+    "                      [--cold-footprint-tolerance BYTES]\n"
     "                      [--reload-peak-budget BYTES]\n";
 
 [[noreturn]] void bad_argument(const std::string& message) {

@@ -14,6 +14,7 @@
 //
 //   harness_test [--reloads N] [--device cpu|cuda[:I]] [--seed S] [--no-trace]
 //       [--sleep 1|2] [--recreate-parameters] [--host-numbers] [--compare-state]
+//       [--compare-forward-state]
 //       [--cold-footprint-tolerance BYTES] [--reload-peak-budget BYTES] [gtest flags]
 //
 // Exit status: 0 when every test passed, 1 when one failed or no backend was
@@ -39,6 +40,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: harness_test [--reloads N] [--device cpu|cuda[:I]] [--seed S] [--no-trace]\n"
     "                    [--sleep 1|2] [--recreate-parameters] [--host-numbers] [--compare-state]\n"
+    "                    [--compare-forward-state]\n"
     "                    [--cold-footprint-tolerance BYTES] [--reload-peak-budget BYTES]\n"
     "                    [gtest flags]\n";
 

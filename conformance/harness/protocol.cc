@@ -243,10 +243,11 @@ class ModeRun {
     // so are the host numbers the capture bakes in.
     declared_ = declared_locations(subject_.named_tensors());
     if (steps_.host_numbers) captured_numbers_ = subject_.named_numbers();
-    if (steps_.compare_state) {
+    if (steps_.compare_state || steps_.compare_forward_state) {
       TORCH_CHECK(subject_.has_cold_state(),
                   "compare_state: this subject cannot make a cold load aside and name what it "
-                  "holds (ReloadSubject::cold_state); run without compare_state");
+                  "holds (ReloadSubject::cold_state); run without compare_state and "
+                  "compare_forward_state");
     }
     if (options_.trace) {
       capture_ = capture(subject_, x_);
@@ -303,10 +304,27 @@ class ModeRun {
     check_forward(r, ckpt, replayed_graph);
   }
 
+  // Right after the live forward, before the capture's replay runs its ops
+  // on the live tensors: the layer against a cold load that ran one forward
+  // on the same input; each name flagged once, as compare_state's are.
+  void check_forward_state(int r, const Checkpoint& ckpt) {
+    LayerState live{subject_.named_tensors(), subject_.named_numbers()};
+    for (trace::NamedTensor& c : subject_.cache_tensors()) live.tensors.push_back(std::move(c));
+    const at::Tensor x = input_.clone();  // the aside forward may write its input
+    const LayerState cold = subject_.cold_state(ckpt, /*loads=*/1, x);
+    for (const StateDifference& d : state_differences(live, cold)) {
+      if (!flagged_state_.insert(d.name).second) continue;
+      sink_.add(r, d.name,
+                "after the forward, differs from a cold load of the same checkpoint after one "
+                "forward",
+                d.before, d.after);
+    }
+  }
+
   // The steps an engine takes between reloads, when asked (reload_steps.h):
   // sleep and wake, then parameters re-created for a layerwise reload.
   void before_reload() {
-    if (steps_.sleep_level > 0) {
+    if (steps_.sleep_level > 0 && !subject_.sleep_and_wake(steps_.sleep_level)) {
       std::vector<at::Tensor> restored = subject_.buffers();
       if (steps_.sleep_level == 1) {
         std::vector<at::Tensor> params = subject_.parameters();
@@ -381,13 +399,14 @@ class ModeRun {
   void check_state(int r, const Checkpoint& ckpt) {
     LayerState live{subject_.named_tensors(), subject_.named_numbers()};
     for (trace::NamedTensor& c : subject_.cache_tensors()) live.tensors.push_back(std::move(c));
-    const LayerState cold = subject_.cold_state(ckpt, /*loads=*/1);
+    const LayerState cold = subject_.cold_state(ckpt, /*loads=*/1, /*forward_input=*/{});
     const std::vector<StateDifference> differences = state_differences(live, cold);
     if (differences.empty()) return;
     if (!not_idempotent_) {
       // Asked once per mode, of the first checkpoint that shows a difference.
       not_idempotent_.emplace();
-      for (const StateDifference& d : state_differences(subject_.cold_state(ckpt, 2), cold)) {
+      const LayerState twice = subject_.cold_state(ckpt, /*loads=*/2, /*forward_input=*/{});
+      for (const StateDifference& d : state_differences(twice, cold)) {
         not_idempotent_->insert(d.name);
       }
     }
@@ -428,6 +447,7 @@ class ModeRun {
       trace::CheckingRetrace retrace(*capture_.forward);
       out = subject_.forward(x_);
       retrace.stop();
+      if (steps_.compare_forward_state) check_forward_state(r, ckpt);
       const bool details = sink_.listing();
       for (trace::ReadChange& c : capture_.forward->compare(retrace, *capture_.names, details)) {
         sink_.add(r, std::move(c.tensor), std::move(c.what), std::move(c.before),
@@ -436,6 +456,7 @@ class ModeRun {
       replays_as_retraced = capture_.forward->replays_as(retrace);
     } else {
       out = subject_.forward(x_);
+      if (steps_.compare_forward_state) check_forward_state(r, ckpt);
     }
     const at::Tensor expected =
         cold_loads_.forward(r, ckpt, x_, [&] { return subject_.cold_forward(ckpt, x_); });

@@ -298,6 +298,7 @@ enum class Bug {
   kDerivedOnce,              ///< derived computed by the first pass only
   kCopyKept,                 ///< every pass after the first keeps a copy of w_padded
   kStagedCopy,               ///< the loader stages a copy of w before writing it
+  kFirstForwardTiles,        ///< the first forward builds `tiles`, later ones only read it
 };
 
 struct StepsLayer {
@@ -323,14 +324,20 @@ struct StepsLayer {
   at::Tensor forward(const at::Tensor& x) const {
     at::Tensor y = at::mm(x, w_padded.narrow(1, 0, 16).t());
     y = y + w_padded.narrow(1, 16, 4).sum(1) + bias + derived;
+    if (bug == Bug::kFirstForwardTiles) {
+      if (!tiles.defined()) tiles = at::arange(4, at::kFloat);
+      y = y + tiles.sum();
+    }
     return at::mul(at::mul(y, k_scale), number);
   }
   LayerState state() const {
-    return {{{"w_padded", w_padded, true},
-             {"k_scale", k_scale, true},
-             {"bias", bias, true},
-             {"derived", derived, true}},
-            {{"number", number, false}}};
+    LayerState s{{{"w_padded", w_padded, true},
+                  {"k_scale", k_scale, true},
+                  {"bias", bias, true},
+                  {"derived", derived, true}},
+                 {{"number", number, false}}};
+    if (tiles.defined()) s.tensors.push_back({"tiles", tiles, true});
+    return s;
   }
 
   Bug bug;
@@ -339,6 +346,7 @@ struct StepsLayer {
   at::Tensor bias = at::full({8}, 0.25);
   at::Tensor derived = at::zeros({8});
   at::Tensor kept;
+  mutable at::Tensor tiles;  // made by the first forward
   double number = 0;
   int passes = 0;
 };
@@ -378,10 +386,35 @@ class StepsSubject : public ReloadSubject {
   }
   std::vector<NamedNumber> named_numbers() override { return live_->state().numbers; }
   bool has_cold_state() const override { return true; }
-  LayerState cold_state(const Checkpoint& ckpt, int loads) override {
-    return loaded(ckpt, loads)->state();
+  LayerState cold_state(const Checkpoint& ckpt, int loads, const at::Tensor& x) override {
+    std::unique_ptr<StepsLayer> layer = loaded(ckpt, loads);
+    if (x.defined()) layer->forward(x);
+    return layer->state();
   }
   void release() override { live_.reset(); }
+  // With `own_sleep`: the engine's sleep helper, which keeps a host copy of
+  // every tensor while the layer sleeps (one more each cycle with
+  // `keep_every_cycle`) and restores all of them.
+  bool sleep_and_wake(int /*level*/) override {
+    if (!own_sleep) return false;
+    ++own_sleeps;
+    std::vector<at::Tensor> copies;
+    for (const NamedTensor& n : live_->state().tensors) copies.push_back(n.tensor.clone());
+    if (keep_every_cycle || host_copies.empty()) {
+      host_copies.push_back(copies);
+    } else {
+      host_copies.back() = copies;
+    }
+    for (const NamedTensor& n : live_->state().tensors) n.tensor.fill_(NAN);
+    const std::vector<NamedTensor> tensors = live_->state().tensors;
+    for (size_t i = 0; i < tensors.size(); ++i) tensors[i].tensor.copy_(host_copies.back()[i]);
+    return true;
+  }
+
+  bool own_sleep = false;
+  bool keep_every_cycle = false;
+  int own_sleeps = 0;
+  std::vector<std::vector<at::Tensor>> host_copies;
 
  private:
   std::unique_ptr<StepsLayer> loaded(const Checkpoint& ckpt, int loads) const {
@@ -434,13 +467,16 @@ TEST(ProtocolSteps, EachStepNamesTheBugItExistsForAndPassesTheFixedLayer) {
   footprint.cold_footprint_tolerance_bytes = 0;
   ReloadSteps peak;
   peak.reload_peak_budget_bytes = 256;  // the staged copy of w is 512 B
+  ReloadSteps forward_state = sleeping(2);
+  forward_state.compare_forward_state = true;
   struct Row {
     const char* name;
     Bug bug;
     ReloadSteps steps;
-    std::string flagged;  ///< flagged in both modes with the steps
-    std::string what;     ///< the start of its violation's `what`
-    bool passes_without;  ///< the bug passes without the steps (not only unnamed)
+    std::string flagged;       ///< flagged in both modes with the steps
+    std::string what;          ///< the start of its violation's `what`
+    bool passes_without;       ///< the bug passes without the steps (not only unnamed)
+    ReloadSteps without = {};  ///< the steps of the run without the step under test
   };
   const Row rows[] = {
       {"sleep 2", Bug::kPlainConstant, sleeping(2), "bias", "differs from a cold load", true},
@@ -453,6 +489,8 @@ TEST(ProtocolSteps, EachStepNamesTheBugItExistsForAndPassesTheFixedLayer) {
       {"stale derived", Bug::kDerivedOnce, state, "derived", "differs from a cold load", false},
       {"footprint", Bug::kCopyKept, footprint, "memory", "footprint after reload 1", true},
       {"peak", Bug::kStagedCopy, peak, "memory", "peak during reload 1", true},
+      {"forward state", Bug::kFirstForwardTiles, forward_state, "tiles", "after the forward", false,
+       sleeping(2)},
   };
   for (const Row& row : rows) {
     SCOPED_TRACE(row.name);
@@ -467,7 +505,9 @@ TEST(ProtocolSteps, EachStepNamesTheBugItExistsForAndPassesTheFixedLayer) {
     EXPECT_EQ(v->what.rfind(row.what, 0), 0u) << v->what;
 
     StepsSubject without(row.bug);
-    const BackendReport plain = run_subject(without, options(3, true));
+    RunOptions without_step = options(3, true);
+    without_step.steps = row.without;
+    const BackendReport plain = run_subject(without, without_step);
     for (const ModeReport& m : plain.modes) {
       EXPECT_EQ(m.error, "");
       EXPECT_EQ(std::count(m.flagged.begin(), m.flagged.end(), row.flagged), 0)
@@ -482,6 +522,24 @@ TEST(ProtocolSteps, EachStepNamesTheBugItExistsForAndPassesTheFixedLayer) {
     const BackendReport clean = run_subject(fixed, o);
     EXPECT_TRUE(clean.ok()) << to_table({clean});
   }
+}
+
+TEST(ProtocolSteps, ASubjectsOwnSleepRunsInPlaceOfTheEmulationAndWhatItKeepsIsCounted) {
+  RunOptions o = options(3, true);
+  o.steps.sleep_level = 2;
+  // The emulation would discard `bias` (not a buffer): the helper restores
+  // every tensor, so the layer passes, and the helper ran once per reload.
+  StepsSubject restoring(Bug::kPlainConstant);
+  restoring.own_sleep = true;
+  const BackendReport clean = run_subject(restoring, o);
+  EXPECT_TRUE(clean.ok()) << to_table({clean});
+  EXPECT_EQ(restoring.own_sleeps, 2 * 3);
+
+  StepsSubject leaking(Bug::kNone);
+  leaking.own_sleep = true;
+  leaking.keep_every_cycle = true;
+  const BackendReport leaked = run_subject(leaking, o);
+  EXPECT_TRUE(flagged_in_every_mode(leaked, "memory")) << to_table({leaked});
 }
 
 TEST(ProtocolSteps, ASubjectsOwnStepsAreMergedWithTheRuns) {

@@ -54,6 +54,8 @@ bool parse_run_flag(int argc, char** argv, int& i, RunOptions& options) {
     options.steps.host_numbers = true;
   } else if (arg == "--compare-state") {
     options.steps.compare_state = true;
+  } else if (arg == "--compare-forward-state") {
+    options.steps.compare_forward_state = true;
   } else if (arg == "--cold-footprint-tolerance") {
     options.steps.cold_footprint_tolerance_bytes =
         parse_number<int64_t>(arg, flag_value(argc, argv, i), 0);

@@ -28,7 +28,8 @@ std::string flag_value(int argc, char** argv, int& i);
 
 /// If argv[i] is one of RunOptions' flags (--reloads N, --device D, --seed S,
 /// --no-trace) or of its steps (--sleep 1|2, --recreate-parameters,
-/// --host-numbers, --compare-state, --cold-footprint-tolerance BYTES,
+/// --host-numbers, --compare-state, --compare-forward-state,
+/// --cold-footprint-tolerance BYTES,
 /// --reload-peak-budget BYTES), sets it in `options`, advances i past its
 /// value and returns
 /// true; returns false, changing nothing, for any other argument. Throws

@@ -37,12 +37,14 @@ TEST(RunFlags, SetsEachStep) {
   RunOptions options;
   const auto rest =
       parse({"--sleep", "2", "--recreate-parameters", "--host-numbers", "--compare-state",
-             "--cold-footprint-tolerance", "4096", "--reload-peak-budget", "0", "--x"},
+             "--compare-forward-state", "--cold-footprint-tolerance", "4096",
+             "--reload-peak-budget", "0", "--x"},
             options);
   EXPECT_EQ(options.steps.sleep_level, 2);
   EXPECT_TRUE(options.steps.recreate_parameters);
   EXPECT_TRUE(options.steps.host_numbers);
   EXPECT_TRUE(options.steps.compare_state);
+  EXPECT_TRUE(options.steps.compare_forward_state);
   EXPECT_EQ(options.steps.cold_footprint_tolerance_bytes, 4096);
   EXPECT_EQ(options.steps.reload_peak_budget_bytes, 0);
   EXPECT_EQ(rest, (std::vector<std::string>{"--x"}));

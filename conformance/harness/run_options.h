@@ -62,6 +62,12 @@ struct ReloadSteps {
   /// not is named "not idempotent" when loading that checkpoint twice
   /// already changes it (layer_state.h).
   bool compare_state = false;
+  /// After every reload's forward, every tensor and host number the subject
+  /// names equals a cold load's of the same checkpoint after one forward on
+  /// the same input: state the first forward makes (a tile schedule, a
+  /// workspace) that a sleep or a reload left wrong. For layers whose
+  /// forward state does not depend on how many forwards ran.
+  bool compare_forward_state = false;
   /// Live bytes after a reload may exceed the cold load's by at most this
   /// (an extra copy kept from the first reload on).
   std::optional<int64_t> cold_footprint_tolerance_bytes;
@@ -77,6 +83,7 @@ struct ReloadSteps {
     out.recreate_parameters = recreate_parameters || other.recreate_parameters;
     out.host_numbers = host_numbers || other.host_numbers;
     out.compare_state = compare_state || other.compare_state;
+    out.compare_forward_state = compare_forward_state || other.compare_forward_state;
     out.cold_footprint_tolerance_bytes =
         tighter(cold_footprint_tolerance_bytes, other.cold_footprint_tolerance_bytes);
     out.reload_peak_budget_bytes =

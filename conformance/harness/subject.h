@@ -102,6 +102,12 @@ class ReloadSubject {
   // cannot answer one keeps the default, and a run that asks for that step
   // is refused with the step's name.
 
+  /// The subject's own sleep and wake (an engine's, with whatever it keeps
+  /// on the host while asleep), if it has one: does it on the live layer
+  /// and returns true. False, the default, has the protocol emulate sleep
+  /// at `level` (reload_steps.h).
+  virtual bool sleep_and_wake(int /*level*/) { return false; }
+
   /// The live layer's registered parameters: what a layerwise reload
   /// re-creates and sleep level 1 restores.
   virtual std::vector<at::Tensor> parameters() { return {}; }
@@ -123,10 +129,14 @@ class ReloadSubject {
 
   /// A cold load of `ckpt` made aside, in a second layer that loads and
   /// post-processes it `loads` times (1, or 2 to tell a non-idempotent
-  /// post-processing), as what it holds: its tensors (its caches' included)
-  /// and host numbers, by the names the live layer's have. Names the
-  /// subject does not want compared are left out.
-  virtual LayerState cold_state(const Checkpoint& /*ckpt*/, int /*loads*/) { return {}; }
+  /// post-processing) and then, when `forward_input` is defined, runs its
+  /// forward on it once; as what it holds: its tensors (its caches'
+  /// included) and host numbers, by the names the live layer's have. Names
+  /// the subject does not want compared are left out.
+  virtual LayerState cold_state(const Checkpoint& /*ckpt*/, int /*loads*/,
+                                const at::Tensor& /*forward_input*/) {
+    return {};
+  }
 
   /// Drops the live layer (between modes).
   virtual void release() {}

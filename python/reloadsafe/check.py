@@ -178,6 +178,7 @@ class _LayerSubject(_C.ReloadSubject):
         self.memory_tolerance_bytes = _whole_number("memory_tolerance_bytes", memory_tolerance_bytes, 0, example=4096)
         self.example_input = example_input
         self.module_caches: Caches = {}
+        self.own_sleep: Callable[[torch.nn.Module], None] | None = None  # sleep=function
 
         probe = self.new_layer()
         n_weights = sum(1 for _ in probe.parameters()) + sum(1 for _ in probe.buffers())
@@ -262,6 +263,14 @@ class _LayerSubject(_C.ReloadSubject):
         return out
 
     # What the protocol's steps (ReloadSteps) ask of the layer.
+    def sleep_and_wake(self, level: int) -> bool:
+        if self.own_sleep is None:
+            return False
+        assert self.live is not None
+        with torch.no_grad():
+            self.own_sleep(self.live)
+        return True
+
     def parameters(self) -> list[torch.Tensor]:
         assert self.live is not None
         return list(self.live.parameters())
@@ -289,18 +298,20 @@ class _LayerSubject(_C.ReloadSubject):
     def has_cold_state(self) -> bool:
         return True
 
-    def cold_state(self, ckpt: Checkpoint, loads: int) -> Any:
+    def cold_state(self, ckpt: Checkpoint, loads: int, forward_input: torch.Tensor | None) -> Any:
         """A new layer that loads and post-processes ``ckpt`` ``loads``
-        times (in eval mode after the first, as a cold load leaves it), with
-        the module caches emptied for it and put back after: its tensors
-        (its caches' included) and host numbers, ``undeclared`` names left
-        out."""
+        times (in eval mode after the first, as a cold load leaves it), then
+        runs its forward on ``forward_input`` if given, with the module
+        caches emptied for it and put back after: its tensors (its caches'
+        included) and host numbers, ``undeclared`` names left out."""
         with caches_emptied(self.module_caches) as caches:
             layer = self.new_layer()
             for i in range(loads):
                 self.load_and_process(layer, ckpt)
                 if i == 0:
                     layer.eval()
+            if forward_input is not None:
+                self.run_forward(layer, forward_input)
         tensors = [_C.NamedTensor(nt.name, nt.tensor, True) for nt in named_tensors(layer)
                    if nt.name not in self.undeclared]
         tensors += [_C.NamedTensor(n, t, True) for n, t in cache_tensors(caches)]
@@ -728,7 +739,8 @@ def check_reload(
     trace: bool = True,
     device_clean: bool = False,
     compare_state: bool = False,
-    sleep: int | None = None,
+    compare_forward_state: bool = False,
+    sleep: int | Callable[[torch.nn.Module], None] | None = None,
     module_caches: Caches | None = None,
     recreate_parameters: bool = False,
     host_numbers: bool = False,
@@ -785,6 +797,12 @@ def check_reload(
       (a stale derived tensor, a host number a graph bakes in, padding left
       from an earlier pass). State the forward makes is not compared.
 
+    ``compare_forward_state``: the same comparison right after every
+    reload's forward, against a cold load that ran one forward on the same
+    input, so state the first forward makes (a tile schedule, a workspace
+    a kernel fills once) and that a sleep discarded is named. For layers
+    whose forward state does not depend on how many forwards ran.
+
     These steps are the C++ protocol's (``ReloadSteps``, the same for a C++
     backend with ``reload_harness --sleep 2`` and the like):
 
@@ -793,7 +811,12 @@ def check_reload(
     (reloadsafe/sleep.py): every storage the layer reaches is discarded in
     place (floats NaN, integers 0), then wake restores the registered
     buffers (level 2; level 1 the parameters too) from a host copy, and the
-    reload loads and post-processes. ``module_caches`` (``{"name": dict}``)
+    reload loads and post-processes. ``sleep`` may instead be a function
+    ``(layer) -> None`` that is the engine's own sleep and wake (a memory
+    saver that keeps host copies), run in place of the emulation before
+    every reload: on a CPU check the memory it keeps is counted with the
+    layer's, so a helper that keeps one more host copy per cycle (torch
+    memory saver #71) fails the growth check. ``module_caches`` (``{"name": dict}``)
     are module-level caches post-processing reads: slept with the layer,
     compared by name under ``compare_state``, and emptied for every cold
     load made aside.
@@ -873,13 +896,19 @@ def check_reload(
         options.seed = int(seed)
         options.trace = bool(trace)
         steps = _C.ReloadSteps()
-        if sleep is not None:
+        if callable(sleep):
+            subject.own_sleep = sleep
+            steps.sleep_level = max(LEVELS)  # the step runs; the subject's own sleep takes it
+        elif sleep is not None:
             if isinstance(sleep, bool) or sleep not in LEVELS:
-                raise ReloadCheckError(f"check_reload: sleep must be one of {LEVELS} or None, got {sleep!r}")
+                raise ReloadCheckError(
+                    f"check_reload: sleep must be one of {LEVELS}, a function (layer) -> None that is the "
+                    f"engine's own sleep and wake, or None; got {sleep!r}")
             steps.sleep_level = int(sleep)
         steps.recreate_parameters = bool(recreate_parameters)
         steps.host_numbers = bool(host_numbers)
         steps.compare_state = bool(compare_state)
+        steps.compare_forward_state = bool(compare_forward_state)
         if cold_footprint_tolerance_bytes is not None:
             steps.cold_footprint_tolerance_bytes = _whole_number(
                 "cold_footprint_tolerance_bytes", cold_footprint_tolerance_bytes, 0, example=4096)

@@ -76,6 +76,9 @@ class PySubject : public ReloadSubject {
     PYBIND11_OVERRIDE(std::vector<NamedObject>, ReloadSubject, named_objects);
   }
   void release() override { PYBIND11_OVERRIDE(void, ReloadSubject, release); }
+  bool sleep_and_wake(int level) override {
+    PYBIND11_OVERRIDE(bool, ReloadSubject, sleep_and_wake, level);
+  }
   std::vector<at::Tensor> parameters() override {
     PYBIND11_OVERRIDE(std::vector<at::Tensor>, ReloadSubject, parameters);
   }
@@ -89,8 +92,9 @@ class PySubject : public ReloadSubject {
     PYBIND11_OVERRIDE(std::vector<NamedNumber>, ReloadSubject, named_numbers);
   }
   bool has_cold_state() const override { PYBIND11_OVERRIDE(bool, ReloadSubject, has_cold_state); }
-  LayerState cold_state(const Checkpoint& ckpt, int loads) override {
-    PYBIND11_OVERRIDE(LayerState, ReloadSubject, cold_state, ckpt, loads);
+  LayerState cold_state(const Checkpoint& ckpt, int loads,
+                        const at::Tensor& forward_input) override {
+    PYBIND11_OVERRIDE(LayerState, ReloadSubject, cold_state, ckpt, loads, forward_input);
   }
 };
 
@@ -192,6 +196,7 @@ void bind_protocol(py::module_& m) {
       .def_readwrite("recreate_parameters", &ReloadSteps::recreate_parameters)
       .def_readwrite("host_numbers", &ReloadSteps::host_numbers)
       .def_readwrite("compare_state", &ReloadSteps::compare_state)
+      .def_readwrite("compare_forward_state", &ReloadSteps::compare_forward_state)
       .def_readwrite("cold_footprint_tolerance_bytes", &ReloadSteps::cold_footprint_tolerance_bytes)
       .def_readwrite("reload_peak_budget_bytes", &ReloadSteps::reload_peak_budget_bytes);
   m.def("check_steps", &harness::check_steps, py::arg("steps"));
@@ -272,12 +277,14 @@ void bind_protocol(py::module_& m) {
       .def(py::init<>())
       .def("release", &ReloadSubject::release)
       .def("named_objects", &ReloadSubject::named_objects)
+      .def("sleep_and_wake", &ReloadSubject::sleep_and_wake, py::arg("level"))
       .def("parameters", &ReloadSubject::parameters)
       .def("buffers", &ReloadSubject::buffers)
       .def("cache_tensors", &ReloadSubject::cache_tensors)
       .def("named_numbers", &ReloadSubject::named_numbers)
       .def("has_cold_state", &ReloadSubject::has_cold_state)
-      .def("cold_state", &ReloadSubject::cold_state, py::arg("ckpt"), py::arg("loads"));
+      .def("cold_state", &ReloadSubject::cold_state, py::arg("ckpt"), py::arg("loads"),
+           py::arg("forward_input"));
 
   m.def("run_subject", &harness::run_subject, py::arg("subject"), py::arg("options"));
   m.def("cuda_unavailable_reason", &harness::cuda_unavailable_reason,

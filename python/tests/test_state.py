@@ -1,6 +1,8 @@
 """check_reload(compare_state=True): after each reload every tensor and host
 number the layer reaches is compared with a cold load's, by name; a stale
-one is named, a non-idempotent one named as such, and correct layers pass."""
+one is named, a non-idempotent one named as such, and correct layers pass.
+compare_forward_state=True does the same after the forward, against a cold
+load that ran one forward."""
 from typing import Any
 
 import pytest
@@ -145,3 +147,36 @@ def test_a_host_number_a_reload_changes_is_named_with_host_numbers():
 
 def test_host_numbers_that_keep_their_value_pass():
     assert check_reload(ConstantHostNumber, X, reloads=3, host_numbers=True).ok
+
+
+class TilesFromTheFirstForward(torch.nn.Module):
+    """A kernel's tile schedule made by the first forward and only read by
+    later ones, on a plain object: a sleep discards it and nothing rebuilds it."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = sl._param(8, 16)
+        self.kernel: Any = type("Kernel", (), {"tiles": None})()
+
+    def forward(self, x):
+        if self.kernel.tiles is None:
+            self.kernel.tiles = torch.arange(4.0, device=x.device)
+        return torch.mm(x, self.weight.t()) + self.kernel.tiles.sum()
+
+
+def test_state_the_first_forward_made_is_named_only_with_compare_forward_state():
+    after_sleep = check_reload(TilesFromTheFirstForward, X, reloads=3, sleep=2, compare_state=True)
+    assert not after_sleep.ok and "kernel.tiles" not in after_sleep.flagged, after_sleep.table()
+    report = check_reload(TilesFromTheFirstForward, X, reloads=3, sleep=2, compare_forward_state=True)
+    found = _named(report, "kernel.tiles")
+    assert len(found) == 2 and all(v["reload"] == 1 for v in found), report.table()
+    assert found[0]["what"].startswith("after the forward, differs from a cold load")
+    assert check_reload(TilesFromTheFirstForward, X, reloads=3, compare_forward_state=True).ok
+
+
+@pytest.mark.parametrize("cls", sl.SAMPLES, ids=lambda c: c.__name__)
+def test_correct_layers_pass_with_compare_forward_state(cls):
+    x = torch.randn(*cls.input_shape, generator=torch.Generator().manual_seed(0))
+    modes = getattr(cls, "modes", reloadsafe.MODES)
+    report = check_reload(cls, x, reloads=3, modes=modes, compare_state=True, compare_forward_state=True)
+    assert report.ok, report.table()

@@ -89,8 +89,14 @@ def test_fixed_layer_passes(bug):
         assert m["flagged"] == [] and "error" not in m and m["reloads_done"] == RELOADS, report.table()
 
 
+def _not_caught_on_cuda(bug):
+    if bug.cuda_gap:
+        return [pytest.mark.xfail(strict=True, raises=AssertionError, reason=f"not caught on CUDA: {bug.cuda_gap}")]
+    return _not_caught_yet(bug)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: torch.cuda.is_available() is False")
-@pytest.mark.parametrize("bug", _params(zoo.BUGS))
+@pytest.mark.parametrize("bug", _params(zoo.BUGS, marks=_not_caught_on_cuda))
 def test_cuda_pair_gets_the_cpu_verdict(bug):
     """On a GPU (the GPU check runs this), with the forward captured as a
     CUDA graph and replayed after every reload: the buggy layer is flagged

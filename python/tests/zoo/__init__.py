@@ -81,6 +81,9 @@ class Bug:
     needs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     gap: str | None = None
     outcome: str = "violation"
+    #: Why a check on CUDA cannot catch the row, where it cannot (the CUDA
+    #: test is then a strict xfail, so catching it there is noticed).
+    cuda_gap: str | None = None
     #: The buggy layer's report has no value violation ("forward", "replay")
     #: when every reload loads the same weights: only new values show it.
     values_must_change: bool = False
@@ -104,13 +107,14 @@ class Bug:
 
     def check_options(self, kind: str) -> dict[str, Any]:
         """The ``check_reload`` options of the ``"buggy"`` or ``"fixed"``
-        layer: ``options`` (and ``fixed_options``), and the options of
-        ``needs`` that ``check_reload`` takes."""
+        layer: ``options``, the options of ``needs`` that ``check_reload``
+        takes, and for the fixed layer ``fixed_options`` over both (the
+        fixed engine helper in place of the buggy one)."""
         have = inspect.signature(reloadsafe.check_reload).parameters
         out = dict(self.options)
+        out.update({k: v for k, v in self.needs.items() if k in have})
         if kind == "fixed":
             out.update(self.fixed_options)
-        out.update({k: v for k, v in self.needs.items() if k in have})
         return out
 
 

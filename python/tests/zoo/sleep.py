@@ -8,6 +8,8 @@ garbage. Without a sleep step in the check every one of these layers
 passes: each row needs ``sleep=2`` (and Z20, Z29 the module-level caches)."""
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 
@@ -224,6 +226,47 @@ class ShuffleRowCacheFixed(ShuffleRowCacheBuggy):
         super().process_weights_after_loading()
 
 
+# Z38 -- torch_memory_saver #71: with CPU backup on, every pause/resume cycle
+# made new host copies of the weights and kept the earlier cycles' too; the
+# pinned host memory grew from cycle to cycle (in the thread until the leaked
+# pages overlapped the weights). The bug is in the engine's sleep helper,
+# not in a layer: the pair is the helper, run as check_reload's own sleep
+# (``sleep=helper``) on the same plain layer.
+
+
+class BackedUpLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = param(N, K)
+
+    def forward(self, x):
+        return F.linear(x, self.weight)
+
+
+class CpuBackupSleep:
+    """Pause with a host copy of every parameter, then resume from it.
+    ``keep_old``: the copies of every cycle stay in a list nothing clears
+    (the leak); otherwise one copy per parameter is refilled each cycle."""
+
+    def __init__(self, keep_old: bool) -> None:
+        self.keep_old = keep_old
+        self._copies: weakref.WeakKeyDictionary[torch.nn.Module, list[list[torch.Tensor]]] = (
+            weakref.WeakKeyDictionary())
+
+    def __call__(self, layer: torch.nn.Module) -> None:
+        params = [p.detach() for p in layer.parameters()]
+        cycles = self._copies.setdefault(layer, [])
+        if self.keep_old or not cycles:
+            cycles.append([p.to("cpu", copy=True) for p in params])
+        else:
+            for host, p in zip(cycles[-1], params):
+                host.copy_(p)
+        for p in params:
+            p.fill_(float("nan"))  # paused: the device pages are released
+        for host, p in zip(cycles[-1], params):
+            p.copy_(host)  # resumed from the newest copy
+
+
 _SLEEP = "needs sleep and wake (level 2) between reloads"
 
 BUGS = [
@@ -246,11 +289,13 @@ BUGS = [
         needs={"sleep": 2, "compare_state": True, "module_caches": {
             "_flashinfer_trtllm_shuffle_row_indices_cache_mxfp8": _flashinfer_trtllm_shuffle_row_indices_cache_mxfp8}},
         gap=f"{_SLEEP}, and the module-global cache named as one the check walks"),
+    Bug("Z38", "torch_memory_saver", "fzyzcjy/torch_memory_saver#71", "G",
+        "host backups kept per pause/resume cycle", ("memory",), BackedUpLinear, BackedUpLinear, (6, K),
+        needs={"sleep": CpuBackupSleep(keep_old=True)}, fixed_options={"sleep": CpuBackupSleep(keep_old=False)},
+        cuda_gap="the copies are host memory, which a check on CUDA does not count (it counts device bytes)"),
     Bug("Z30", "SGLang", "sgl-project/sglang#32718", "E", "capture-time kernel state discarded by pause",
         ("meta",), CaptureStateBuggy, CaptureStateFixed, (6, K),
-        needs={"sleep": 2, "compare_state": True, "compare_forward_state": True},
-        gap="with sleep=2 the value checks fail, but the tile schedule is state the first forward makes, which "
-            "compare_state does not compare (needs: the state after a forward compared with a cold load's; tried, "
-            "but the capture's CPU replay that follows each forward writes the live layer's tensors before it "
-            "gives up on an op, so forward-written state differs for correct layers too)"),
+        needs={"sleep": 2, "compare_forward_state": True},
+        gap="with sleep=2 the value checks fail, but the tile schedule is state the first forward makes: only "
+            "the state after a forward, compared with a cold load's after one forward, names it"),
 ]

@@ -34,10 +34,7 @@ VALUE_WORDS = {
 }
 
 #: Catalogue rows with no pair here, and why.
-NOT_RECREATED = {
-    "Z38": "torch_memory_saver #71: the leak is in the sleep helper's CPU backups (pages pinned per "
-           "pause/resume cycle), outside any layer; it needs a sleep step that counts host memory across cycles",
-}
+NOT_RECREATED: dict[str, str] = {}
 
 
 @dataclasses.dataclass
@@ -178,8 +175,9 @@ def render(rows: list[Row]) -> str:
         )
     lines += ["", "Mechanism classes:", ""]
     lines += [f"- **{k}**: {v}" for k, v in MECHANISMS.items()]
-    lines += ["", "Catalogue rows without a pair:", ""]
-    lines += [f"- **{k}**: {v}" for k, v in NOT_RECREATED.items()]
+    if NOT_RECREATED:
+        lines += ["", "Catalogue rows without a pair:", ""]
+        lines += [f"- **{k}**: {v}" for k, v in NOT_RECREATED.items()]
     lines += [
         "",
         "Z15 and Z16 are bugs of vLLM's layerwise reload machinery (copy-back of buffers the load never",
