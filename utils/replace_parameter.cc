@@ -91,6 +91,28 @@ void set_kernel_parameter(Layer& layer, const std::string& name, const at::Tenso
   if (has_attr(param, "runtime_name")) set_attr(param, "runtime_name", name);
 }
 
+namespace {
+
+// A derived tensor that spans all of a storage a parameter or buffer of
+// `obj` (or of a module under it) also lives on is an alias of that weight:
+// refilling it would write over the weight (a copy-back through an alias).
+void refuse_weight_alias(Layer& obj, const std::string& name, const at::Tensor& held) {
+  const c10::StorageImpl* storage = held.storage().unsafeGetStorageImpl();
+  auto check = [&](const std::string& kind, const std::string& weight, const at::Tensor& t) {
+    TORCH_CHECK(!(t.defined() && t.has_storage() && t.storage().unsafeGetStorageImpl() == storage),
+                "refill_derived: the tensor held under '", name, "' shares its storage with ", kind,
+                " '", weight,
+                "'; refilling it would overwrite that weight. Hold a tensor of its "
+                "own (e.g. .clone()) under derived names, or update the ",
+                kind, " itself");
+  };
+  for (const auto& p : obj.named_parameters(/*recurse=*/true))
+    check("parameter", p.key(), p.value());
+  for (const auto& b : obj.named_buffers(/*recurse=*/true)) check("buffer", b.key(), b.value());
+}
+
+}  // namespace
+
 at::Tensor refill_derived(Layer& obj, const std::string& name, const at::Tensor& new_tensor) {
   const SlotKind kind = obj.kind(name);
   TORCH_CHECK(kind != SlotKind::kParameter && kind != SlotKind::kBuffer, "refill_derived: '", name,
@@ -110,6 +132,7 @@ at::Tensor refill_derived(Layer& obj, const std::string& name, const at::Tensor&
                 " spanning ", span_bytes, " of ", old.storage().nbytes(),
                 " bytes); refilling it would overwrite other data. Hold a tensor of its own "
                 "(e.g. .clone()) under derived names");
+    if (old.numel() > 0) refuse_weight_alias(obj, name, old);
     dense_copy_(old, new_tensor);
     return old;
   }

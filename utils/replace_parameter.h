@@ -78,8 +78,11 @@ void set_kernel_parameter(Layer& layer, const std::string& name, const at::Tenso
 ///
 /// Decisions: `name` must not be a parameter or buffer (use
 /// replace_parameter); and the held tensor must own its storage (start at
-/// offset 0 and span all of it), because refilling a view would write into
-/// whatever else lives on that storage. Both are checked before any write.
+/// offset 0 and span all of it, and share it with no parameter or buffer
+/// of `obj` or of a module under it), because refilling a view or an alias
+/// would write into whatever else lives on that storage: a copy-back into
+/// a buffer aliasing a freshly loaded weight reverted it (vLLM #42481).
+/// All are checked before any write.
 /// A held tensor with no elements writes nothing, so it is refilled (and
 /// returned) whatever storage it is on, as in the reference.
 at::Tensor refill_derived(Layer& obj, const std::string& name, const at::Tensor& new_tensor);

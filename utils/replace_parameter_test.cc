@@ -359,6 +359,34 @@ TEST(RefillDerived, SameShapeDtypeDeviceRefillsInPlace) {
   EXPECT_TRUE(layer.get("w_kc").is_same(first));
 }
 
+// vLLM #42481: a derived name holding a view of a weight's whole storage is
+// an alias of the weight; refilling it (a copy-back of a stale snapshot)
+// would revert the freshly loaded weight. Refused, weight untouched, for a
+// parameter and a buffer alike.
+TEST(RefillDerived, AnAliasOfAParameterOrBufferIsRefusedAndTheWeightKeepsItsBytes) {
+  for (const bool buffer : {false, true}) {
+    SCOPED_TRACE(buffer ? "buffer" : "parameter");
+    Layer layer;
+    at::Tensor weight = seq({2, 1, 2}, at::kFloat);
+    if (buffer) {
+      layer.register_buffer("conv_weight", weight);
+    } else {
+      layer.register_param("conv_weight", make_parameter(weight));
+    }
+    layer.set("conv_weights", layer.get("conv_weight").view({2, 2}));
+    const at::Tensor loaded = layer.get("conv_weight").clone();
+    try {
+      refill_derived(layer, "conv_weights", seq({2, 2}, at::kFloat, 50));
+      ADD_FAILURE() << "refilled an alias of the weight";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("shares its storage with"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("'conv_weight'"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(at::equal(layer.get("conv_weight"), loaded));
+  }
+}
+
 TEST(RefillDerived, OtherShapeOrDtypeRebinds) {
   Layer layer;
   at::Tensor first = refill_derived(layer, "w_kc", seq({4, 8}, at::kFloat));

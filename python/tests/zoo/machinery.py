@@ -4,8 +4,9 @@ not in a layer. Here the machinery is the load function handed to
 reload's copy-back did, and the fixed one what the fix made it do.
 
 reloadsafe's utilities have no layerwise copy-back of buffers (they refill,
-replace and move single tensors), so these two are layer pairs with the
-machinery as their load function, not golden cases of the utilities."""
+replace and move single tensors), so here these two are layer pairs with the
+machinery as their load function; what the utilities themselves do in the
+same situations is pinned by golden cases L26-L29 (golden/FORMAT.md)."""
 from __future__ import annotations
 
 import torch

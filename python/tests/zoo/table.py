@@ -184,8 +184,8 @@ def render(rows: list[Row]) -> str:
         "wrote, and of a buffer aliasing a parameter). reloadsafe's utilities have no such copy-back (they",
         "refill, replace and move one tensor at a time), so here they are pairs, with the machinery as the",
         "load function. What the utilities do in the same situations is pinned by golden conformance cases",
-        "in golden/layer_scripts.jsonl (listed in golden/FORMAT.md): L26 for Z15, L27-L29 for Z16 (L29:",
-        "refill_derived cannot tell an alias spanning a weight's whole storage from a tensor of its own).",
+        "in golden/layer_scripts.jsonl (listed in golden/FORMAT.md): L26 for Z15, L27-L29 for Z16 (L28, L29:",
+        "refill_derived refuses a copy-back through an alias of a weight, whether or not it spans all of it).",
         "",
     ]
     return "\n".join(lines)
