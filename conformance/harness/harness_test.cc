@@ -13,6 +13,8 @@
 #include <memory>
 #include <set>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 namespace reloadsafe::harness {
 namespace {
@@ -75,13 +77,27 @@ const std::map<std::string, std::vector<std::string>>& expected_flags() {
       // A plain C++ kernel object, and sort indices rebound on the layer.
       {"zoo_Z02_marlin_workspace_buggy",
        {"kernel.workspace", "g_idx_sort_indices", "aten::add.Tensor arg 1 (other)", "replay"}},
+      // The zoo rows only a step of ReloadSteps brings out, each with the
+      // step its backend asks for (Backend::steps()). A host float the
+      // forward hands to an op: the captured ops replay the old number.
+      {"zoo_Z37_host_k_scale_buggy", {"_k_scale_float", "replay"}},
+      // A staging copy made on every reload and kept: over the cold load's
+      // footprint and over the reload's peak budget, both named "memory".
+      {"zoo_Z34_fp8_refit_staging_buggy", {"memory"}},
+      // A drafter's table that no wake restores.
+      {"zoo_Z19_draft_rope_cache_buggy", {"drafter.cos_sin_cache", "forward", "replay"}},
+      // Pads a re-created parameter leaves as garbage.
+      {"zoo_Z09_mxfp4_padding_buggy", {"w13_weight", "w2_weight", "forward", "replay"}},
   };
   return *flags;
 }
 
-// The controls whose stale read computes wrong values on the CPU.
+// The controls whose stale read computes wrong values on the CPU, and those
+// whose step (a sleep, re-created parameters) leaves garbage the forward
+// reads.
 bool computes_wrong_values(const std::string& control) {
-  return control == "neg_raw_pointer";
+  return control == "neg_raw_pointer" || control == "zoo_Z19_draft_rope_cache_buggy" ||
+         control == "zoo_Z09_mxfp4_padding_buggy";
 }
 
 TEST(ReloadHarness, EveryNegativeControlIsFlaggedWithTheRightTensorAndOp) {
@@ -120,7 +136,8 @@ const Backend& backend_named(const std::string& name) {
 
 // The C++ rows of the bug zoo, a pair each: the buggy backend is flagged in
 // both modes under the name the upstream fix used, the fixed one keeps
-// every address in both, without a warning.
+// every address in both, without a warning, and passes with the steps the
+// buggy one asks for.
 struct ZooPair {
   const char* buggy;
   const char* fixed;
@@ -140,6 +157,10 @@ TEST(BugZoo, EachBuggyBackendIsFlaggedUnderTheUpstreamNameAndItsFixPasses) {
       {"zoo_Z01_cutlass_moe_buggy", "zoo_Z01_cutlass_moe_fixed", "kernel.ab_strides1"},
       {"zoo_Z05_machete_act_perm_buggy", "zoo_Z05_machete_act_perm_fixed", "kernel.act_perm"},
       {"zoo_Z02_marlin_workspace_buggy", "zoo_Z02_marlin_workspace_fixed", "kernel.workspace"},
+      {"zoo_Z37_host_k_scale_buggy", "zoo_Z37_host_k_scale_fixed", "_k_scale_float"},
+      {"zoo_Z34_fp8_refit_staging_buggy", "zoo_Z34_fp8_refit_staging_fixed", "memory"},
+      {"zoo_Z19_draft_rope_cache_buggy", "zoo_Z19_draft_rope_cache_fixed", "drafter.cos_sin_cache"},
+      {"zoo_Z09_mxfp4_padding_buggy", "zoo_Z09_mxfp4_padding_fixed", "w13_weight"},
   };
   RunOptions options = quick();
   options.max_listed = 1000;
@@ -161,7 +182,9 @@ TEST(BugZoo, EachBuggyBackendIsFlaggedUnderTheUpstreamNameAndItsFixPasses) {
 
     const Backend& fixed = backend_named(pair.fixed);
     EXPECT_FALSE(fixed.negative_control());
-    const BackendReport clean = run_backend(fixed, options);
+    RunOptions with_buggy_steps = options;
+    with_buggy_steps.steps = buggy.steps();
+    const BackendReport clean = run_backend(fixed, with_buggy_steps);
     ASSERT_EQ(clean.modes.size(), 2u);
     for (const auto& mode : clean.modes) {
       SCOPED_TRACE(to_string(mode.mode));
@@ -171,6 +194,68 @@ TEST(BugZoo, EachBuggyBackendIsFlaggedUnderTheUpstreamNameAndItsFixPasses) {
       EXPECT_EQ(mode.undeclared_reads, 0);
     }
     EXPECT_TRUE(clean.ok());
+  }
+}
+
+// Whether `steps` asks for any step at all.
+bool asks_for_a_step(const ReloadSteps& steps) {
+  return steps.sleep_level > 0 || steps.recreate_parameters || steps.host_numbers ||
+         steps.compare_state || steps.cold_footprint_tolerance_bytes.has_value() ||
+         steps.reload_peak_budget_bytes.has_value();
+}
+
+// A Backend's subject with the steps it asks for taken away: what a run
+// without them sees.
+class WithoutItsSteps : public BackendSubject {
+ public:
+  using BackendSubject::BackendSubject;
+  SubjectInfo info() const override {
+    SubjectInfo info = BackendSubject::info();
+    info.steps = ReloadSteps();
+    return info;
+  }
+};
+
+// The zoo rows only a step brings out: each buggy backend asks for its step
+// (Backend::steps(), which the subject hands the protocol as
+// SubjectInfo::steps), and without it the upstream name is flagged in
+// neither mode: what is flagged then is `flagged_without`, nothing for all
+// but Z37, whose captured ops still replay the old number (so its replay
+// differs, and only the host_numbers step says which number).
+TEST(BugZoo, EachBackendThatAsksForAStepIsNotNamedWithoutIt) {
+  struct Row {
+    const char* buggy;
+    const char* upstream_name;
+    std::vector<std::string> flagged_without;
+  };
+  const Row rows[] = {
+      {"zoo_Z37_host_k_scale_buggy", "_k_scale_float", {"replay"}},
+      {"zoo_Z34_fp8_refit_staging_buggy", "memory", {}},
+      {"zoo_Z19_draft_rope_cache_buggy", "drafter.cos_sin_cache", {}},
+      {"zoo_Z09_mxfp4_padding_buggy", "w13_weight", {}},
+  };
+  const RunOptions options = quick();
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.buggy);
+    const Backend& buggy = backend_named(row.buggy);
+    EXPECT_TRUE(asks_for_a_step(buggy.steps()));
+    EXPECT_TRUE(asks_for_a_step(BackendSubject(buggy, options.device).info().steps))
+        << "the subject hands the protocol the backend's steps";
+    WithoutItsSteps subject(buggy, options.device);
+    ASSERT_FALSE(asks_for_a_step(subject.info().steps));
+    const BackendReport report = run_subject(subject, options);
+    ASSERT_EQ(report.modes.size(), 2u);
+    for (const auto& mode : report.modes) {
+      SCOPED_TRACE(to_string(mode.mode));
+      EXPECT_EQ(mode.error, "");
+      EXPECT_EQ(mode.reloads_done, options.reloads);
+      EXPECT_FALSE(std::any_of(mode.flagged.begin(), mode.flagged.end(),
+                               [&](const std::string& f) { return names(f, row.upstream_name); }))
+          << "named without its step\n"
+          << to_table({report});
+      EXPECT_EQ(mode.flagged, row.flagged_without) << to_table({report});
+      EXPECT_TRUE(mode.warnings.empty()) << to_table({report});
+    }
   }
 }
 

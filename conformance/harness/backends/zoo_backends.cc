@@ -9,17 +9,31 @@
 //   Z05  a callable struct behind a std::shared_ptr the layer keeps
 //   Z02  a plain C++ kernel object the layer keeps
 //
+// and rows whose bug keeps every address, so that only a step of
+// ReloadSteps (run_options.h) brings it out; both backends of such a pair
+// ask for that step through Backend::steps(), so every run takes it:
+//
+//   Z37  a host float the kernel takes as a launch argument (host_numbers)
+//   Z34  a fresh staging copy of the weight on every reload (the cold
+//        footprint and the reload's peak)
+//   Z19  a drafter module kept without register_module(), whose buffer no
+//        wake restores (sleep level 2, compare_state)
+//   Z09  padding that only construction zeroed (recreate_parameters,
+//        compare_state)
+//
 // C++ has no walker to find what a kernel object holds, so each backend
-// names it (Backend::held_tensors, held_objects). docs/bug-zoo-cpp.md lists
-// the pairs and what the harness reports on each.
+// names it (Backend::held_tensors, held_objects, host_numbers).
+// docs/bug-zoo-cpp.md lists the pairs and what the harness reports on each.
 #include "conformance/harness/backend.h"
 
 #include "utils/replace_parameter.h"
+#include "utils/tensor_attrs.h"
 
 #include <ATen/ATen.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <cmath>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -317,6 +331,327 @@ class MarlinActOrderFixed : public MarlinActOrder {
   }
 };
 
+// Z37 -- ModelExpress #782 (#711, #783): FP8 attention keeps its K scale
+// twice, as a device tensor the refit overwrites and as a host float,
+// `_k_scale_float`, that the FlashInfer TRT-LLM-Gen kernel takes as a launch
+// argument. The refit first left the float stale; the fix refreshes it after
+// every weight update, which is right in eager mode, while a captured graph
+// keeps launching with the number it was captured with (the fix leaves
+// graphs out of scope). The buggy backend here is that eager fix: every
+// post-processing refreshes the float. No address moves and the live forward
+// is right; the host_numbers step names the float.
+
+constexpr int64_t kHeadSize = 16, kModel = 32;  // K projection: [head size, hidden]
+
+struct KvScaleLayer : Layer {
+  double k_scale_float = 1.0;  // `_k_scale_float`
+};
+
+class HostKScale : public Backend {
+ public:
+  std::shared_ptr<Layer> create_layer(const c10::Device& device) const override {
+    auto layer = std::make_shared<KvScaleLayer>();
+    add_params(*layer, device,
+               {{"k_proj", {kHeadSize, kModel}, at::kFloat}, {"k_scale", {1}, at::kFloat}});
+    return layer;
+  }
+  std::vector<int64_t> input_shape() const override { return {6, kModel}; }
+  std::vector<NamedNumber> host_numbers(const Layer& /*layer*/) const override {
+    return {{"scale", softmax_scale()}};
+  }
+  ReloadSteps steps() const override {
+    ReloadSteps steps;
+    steps.host_numbers = true;
+    return steps;
+  }
+
+ protected:
+  // The attention's softmax scale, head_size ** -0.5: a host float the
+  // kernel takes too, fixed by the shapes, so a graph may bake it in.
+  static double softmax_scale() { return 1.0 / std::sqrt(static_cast<double>(kHeadSize)); }
+};
+
+class HostKScaleBuggy : public HostKScale {
+ public:
+  std::string name() const override { return "zoo_Z37_host_k_scale_buggy"; }
+  std::string description() const override {
+    return "ModelExpress #782: _k_scale_float, a host float refreshed by every load, "
+           "baked into a captured launch";
+  }
+  void process_weights_after_loading(Layer& layer) const override {
+    dynamic_cast<KvScaleLayer&>(layer).k_scale_float = layer.get("k_scale").item<double>();
+  }
+  at::Tensor forward(const Layer& layer, const at::Tensor& x) const override {
+    const at::Tensor k = at::mul(at::mm(x, layer.get("k_proj").t()), softmax_scale());
+    return at::mul(k, dynamic_cast<const KvScaleLayer&>(layer).k_scale_float);
+  }
+  std::vector<NamedNumber> host_numbers(const Layer& layer) const override {
+    std::vector<NamedNumber> numbers = HostKScale::host_numbers(layer);
+    numbers.push_back({"_k_scale_float", dynamic_cast<const KvScaleLayer&>(layer).k_scale_float});
+    return numbers;
+  }
+  bool negative_control() const override { return true; }
+  std::string expected_violation() const override { return "_k_scale_float"; }
+};
+
+class HostKScaleFixed : public HostKScale {
+ public:
+  std::string name() const override { return "zoo_Z37_host_k_scale_fixed"; }
+  std::string description() const override {
+    return "ModelExpress #782 fixed for graphs: the kernel reads the K scale tensor, refilled in "
+           "place by its loader; no host copy";
+  }
+  void process_weights_after_loading(Layer& /*layer*/) const override {}
+  at::Tensor forward(const Layer& layer, const at::Tensor& x) const override {
+    const at::Tensor k = at::mul(at::mm(x, layer.get("k_proj").t()), softmax_scale());
+    return at::mul(k, layer.get("k_scale"));
+  }
+};
+
+// Z34 -- TensorRT-LLM #14330: after the first load, the FP8 layer's kernels
+// read a tensor its method's metadata keeps (#11267). Every refit then made
+// a new staging parameter in checkpoint layout (torch.empty_like of the
+// saved meta tensor), loaded into it and copied the result over the kept
+// tensor, and the staging stayed until the next refit made another: one
+// weight's bytes more than the cold load from the first reload on, and two
+// stagings at once while each later reload ran; with many layers, an OOM.
+// No address moves and every value is right. Here the staging is kept in the
+// layer's refit metadata, which the weight loader reaches; the weight is a
+// float standing in for FP8, and the transform is a plain copy. The fix
+// loads into the weight's own storage.
+
+constexpr int64_t kRefitOut = 32, kRefitIn = 64;
+constexpr int64_t kRefitWeightBytes = kRefitOut * kRefitIn * 4;  // float
+
+struct RefitMetadata {
+  bool loaded = false;        // post-processing has run: every later load is a reload
+  at::Tensor reload_staging;  // the buggy refit's staging, kept until the next one
+};
+
+struct Fp8RefitLayer : Layer {
+  std::shared_ptr<RefitMetadata> metadata = std::make_shared<RefitMetadata>();
+};
+
+class Fp8RefitStaging : public Backend {
+ public:
+  std::shared_ptr<Layer> create_layer(const c10::Device& device) const override {
+    auto layer = std::make_shared<Fp8RefitLayer>();
+    add_params(*layer, device, {{"weight", {kRefitOut, kRefitIn}, at::kFloat}});
+    return layer;
+  }
+  at::Tensor forward(const Layer& layer, const at::Tensor& x) const override {
+    return at::mm(x, layer.get("weight").t());
+  }
+  std::vector<int64_t> input_shape() const override { return {6, kRefitIn}; }
+  ReloadSteps steps() const override {
+    ReloadSteps steps;
+    steps.cold_footprint_tolerance_bytes = 0;
+    steps.reload_peak_budget_bytes = kRefitWeightBytes / 2;  // a staging copy is over it
+    return steps;
+  }
+};
+
+class Fp8RefitStagingBuggy : public Fp8RefitStaging {
+ public:
+  std::string name() const override { return "zoo_Z34_fp8_refit_staging_buggy"; }
+  std::string description() const override {
+    return "TensorRT-LLM #14330: a fresh staging copy of the weight on every reload, kept until "
+           "the next";
+  }
+  std::shared_ptr<Layer> create_layer(const c10::Device& device) const override {
+    auto layer = std::dynamic_pointer_cast<Fp8RefitLayer>(Fp8RefitStaging::create_layer(device));
+    const std::shared_ptr<RefitMetadata> metadata = layer->metadata;
+    // pre_reload_weights: the first load goes into the parameter, every
+    // reload into a staging tensor made for it.
+    set_attr(
+        layer->get("weight"), "weight_loader",
+        WeightLoader{"pre_reload_staging", [metadata](at::Tensor& param, const at::Tensor& loaded) {
+                       if (!metadata->loaded) {
+                         default_weight_loader(param, loaded);
+                         return;
+                       }
+                       at::Tensor staging = at::empty_like(param);
+                       staging.copy_(loaded);
+                       metadata->reload_staging = staging;  // frees the previous one only now
+                     }});
+    return layer;
+  }
+  void process_weights_after_loading(Layer& layer) const override {
+    RefitMetadata& metadata = *dynamic_cast<Fp8RefitLayer&>(layer).metadata;
+    if (metadata.reload_staging.defined()) layer.get("weight").copy_(metadata.reload_staging);
+    metadata.loaded = true;
+  }
+  bool negative_control() const override { return true; }
+  std::string expected_violation() const override { return "memory"; }
+};
+
+class Fp8RefitStagingFixed : public Fp8RefitStaging {
+ public:
+  std::string name() const override { return "zoo_Z34_fp8_refit_staging_fixed"; }
+  std::string description() const override {
+    return "TensorRT-LLM #14330 fixed: every reload loads into the weight's own storage";
+  }
+  void process_weights_after_loading(Layer& layer) const override {
+    dynamic_cast<Fp8RefitLayer&>(layer).metadata->loaded = true;
+  }
+};
+
+// Z19 -- vLLM #49774: with speculative decoding the draft model sits beside
+// the target, and level-2 sleep saved and restored the target's buffers
+// only. The drafter's non-persistent buffers (the rotary `cos_sin_cache`,
+// built once at construction and never written by a load) came back as
+// garbage: the target's outputs looked right while draft acceptance
+// collapsed. Here the drafter is a torch::nn::Module the layer keeps through
+// a std::shared_ptr without register_module(), so the layer's buffers() do
+// not reach it; the fix registers it. Without a sleep nothing ever writes the
+// table, so only the sleep step (level 2, or 1) shows the bug.
+
+constexpr int64_t kRotary = 32, kDraftOut = 16;
+
+struct Drafter : torch::nn::Module {
+  explicit Drafter(const c10::Device& device) {
+    const at::Tensor pos =
+        at::arange(kRotary, at::TensorOptions().dtype(at::kFloat).device(device));
+    cos_sin_cache = register_buffer("cos_sin_cache", at::cat({pos.cos(), pos.sin()}));
+  }
+  at::Tensor cos_sin_cache;
+};
+
+struct SpecDecodeLayer : Layer {
+  std::shared_ptr<Drafter> drafter;
+};
+
+class DraftRopeCache : public Backend {
+ public:
+  std::shared_ptr<Layer> create_layer(const c10::Device& device) const override {
+    auto layer = std::make_shared<SpecDecodeLayer>();
+    add_params(*layer, device, {{"proj", {kDraftOut, kRotary}, at::kFloat}});
+    layer->drafter = std::make_shared<Drafter>(device);
+    return layer;
+  }
+  void process_weights_after_loading(Layer& /*layer*/) const override {}
+  at::Tensor forward(const Layer& layer, const at::Tensor& x) const override {
+    const at::Tensor& cache = dynamic_cast<const SpecDecodeLayer&>(layer).drafter->cos_sin_cache;
+    return at::mm(x * cache.narrow(0, 0, kRotary), layer.get("proj").t());
+  }
+  std::vector<int64_t> input_shape() const override { return {6, kRotary}; }
+  // The table, by the name a registered drafter's buffer has, declared: the
+  // forward reads it, and Layer::get does not reach into a submodule.
+  std::vector<NamedTensor> held_tensors(const Layer& layer) const override {
+    const auto& drafter = dynamic_cast<const SpecDecodeLayer&>(layer).drafter;
+    if (!drafter) return {};
+    return {{"drafter.cos_sin_cache", drafter->cos_sin_cache}};
+  }
+  ReloadSteps steps() const override {
+    ReloadSteps steps;
+    steps.sleep_level = 2;
+    steps.compare_state = true;  // names the table, not only the forward
+    return steps;
+  }
+};
+
+class DraftRopeCacheBuggy : public DraftRopeCache {
+ public:
+  std::string name() const override { return "zoo_Z19_draft_rope_cache_buggy"; }
+  std::string description() const override {
+    return "vLLM #49774: the drafter kept beside the layer, unregistered; level-2 wake does not "
+           "restore its cos_sin_cache";
+  }
+  bool negative_control() const override { return true; }
+  std::string expected_violation() const override { return "drafter.cos_sin_cache"; }
+};
+
+class DraftRopeCacheFixed : public DraftRopeCache {
+ public:
+  std::string name() const override { return "zoo_Z19_draft_rope_cache_fixed"; }
+  std::string description() const override {
+    return "vLLM #49774 fixed: the drafter registered as a submodule, its buffers restored on wake";
+  }
+  std::shared_ptr<Layer> create_layer(const c10::Device& device) const override {
+    auto layer = std::dynamic_pointer_cast<SpecDecodeLayer>(DraftRopeCache::create_layer(device));
+    layer->register_module("drafter", layer->drafter);
+    return layer;
+  }
+};
+
+// Z09 -- vLLM #50523: the mxfp4 MoE pads its dims for alignment (gpt-oss's
+// 2880 to 2944); construction zeroes the padded weights and the loaders
+// write only the checkpoint's slice. Layerwise reload re-creates every
+// parameter uninitialised before loading into it, so the pad holds what the
+// memory held, and through the padded channels it reaches every real output:
+// a reload of the same weights diverged from the first token with every
+// address kept. A reload into the tensors construction made never shows it
+// (the pad keeps its zeros); the fix zeroes the pad on every load.
+
+constexpr int64_t kMoeReal = 30, kMoeRealIn = 45, kMoePad = 32, kMoePadIn = 48;
+
+// A padded parameter: `padded` zeros whose checkpoint layout is `real`,
+// loaded into its leading slice.
+at::Tensor padded_param(std::vector<int64_t> padded, std::vector<int64_t> real,
+                        const c10::Device& device) {
+  at::Tensor param =
+      make_parameter(at::zeros(padded, at::TensorOptions().dtype(at::kFloat).device(device)));
+  set_attr(param, "_ckpt",
+           at::empty(real, at::TensorOptions().dtype(at::kFloat).device(at::kMeta)));
+  set_attr(param, "weight_loader",
+           WeightLoader{"padded_slice", [](at::Tensor& p, const at::Tensor& loaded) {
+                          p.narrow(0, 0, loaded.size(0)).narrow(1, 0, loaded.size(1)).copy_(loaded);
+                        }});
+  return param;
+}
+
+class PaddedMoe : public Backend {
+ public:
+  std::shared_ptr<Layer> create_layer(const c10::Device& device) const override {
+    auto layer = std::make_shared<Layer>();
+    layer->register_param("w13_weight",
+                          padded_param({kMoePad, kMoePadIn}, {kMoeReal, kMoeRealIn}, device));
+    layer->register_param("w2_weight",
+                          padded_param({kMoePadIn, kMoePad}, {kMoeRealIn, kMoeReal}, device));
+    return layer;
+  }
+  at::Tensor forward(const Layer& layer, const at::Tensor& x) const override {
+    const at::Tensor x_pad = at::constant_pad_nd(x, {0, kMoePadIn - kMoeRealIn});
+    const at::Tensor h = at::silu(at::mm(x_pad, layer.get("w13_weight").t()));
+    return at::mm(h, layer.get("w2_weight").t()).narrow(1, 0, kMoeRealIn);
+  }
+  std::vector<int64_t> input_shape() const override { return {6, kMoeRealIn}; }
+  ReloadSteps steps() const override {
+    ReloadSteps steps;
+    steps.recreate_parameters = true;
+    steps.compare_state = true;  // names the padded weights, not only the forward
+    return steps;
+  }
+};
+
+class PaddedMoeBuggy : public PaddedMoe {
+ public:
+  std::string name() const override { return "zoo_Z09_mxfp4_padding_buggy"; }
+  std::string description() const override {
+    return "vLLM #50523: padding zeroed at construction only; a re-created parameter keeps "
+           "garbage in its pad";
+  }
+  void process_weights_after_loading(Layer& /*layer*/) const override {}
+  bool negative_control() const override { return true; }
+  std::string expected_violation() const override { return "w13_weight"; }
+};
+
+class PaddedMoeFixed : public PaddedMoe {
+ public:
+  std::string name() const override { return "zoo_Z09_mxfp4_padding_fixed"; }
+  std::string description() const override {
+    return "vLLM #50523 fixed: the pad rows and columns zeroed on every load";
+  }
+  void process_weights_after_loading(Layer& layer) const override {
+    for (const char* name : {"w13_weight", "w2_weight"}) {
+      const at::Tensor w = layer.get(name);
+      const at::Tensor real = std::get<at::Tensor>(*find_attr(w, "_ckpt"));
+      w.narrow(0, real.size(0), w.size(0) - real.size(0)).zero_();
+      w.narrow(1, real.size(1), w.size(1) - real.size(1)).zero_();
+    }
+  }
+};
+
 }  // namespace
 
 RELOADSAFE_REGISTER_BACKEND(CutlassMoeBuggy);
@@ -325,5 +660,13 @@ RELOADSAFE_REGISTER_BACKEND(MacheteActOrderBuggy);
 RELOADSAFE_REGISTER_BACKEND(MacheteActOrderFixed);
 RELOADSAFE_REGISTER_BACKEND(MarlinActOrderBuggy);
 RELOADSAFE_REGISTER_BACKEND(MarlinActOrderFixed);
+RELOADSAFE_REGISTER_BACKEND(HostKScaleBuggy);
+RELOADSAFE_REGISTER_BACKEND(HostKScaleFixed);
+RELOADSAFE_REGISTER_BACKEND(Fp8RefitStagingBuggy);
+RELOADSAFE_REGISTER_BACKEND(Fp8RefitStagingFixed);
+RELOADSAFE_REGISTER_BACKEND(DraftRopeCacheBuggy);
+RELOADSAFE_REGISTER_BACKEND(DraftRopeCacheFixed);
+RELOADSAFE_REGISTER_BACKEND(PaddedMoeBuggy);
+RELOADSAFE_REGISTER_BACKEND(PaddedMoeFixed);
 
 }  // namespace reloadsafe::harness
