@@ -61,7 +61,9 @@ class Backend {
   /// C++ has no walker to find them, as the Python check's walker does, so
   /// the backend lists them, as they are now. `declared`: the backend
   /// promises their addresses, as for derived_names(); an undeclared one
-  /// only gives its reads a name.
+  /// only gives its reads a name. A registered submodule's buffer the
+  /// forward reads ("drafter.cos_sin_cache") is declared here too, since
+  /// derived_names() takes the layer's own attributes only.
   virtual std::vector<NamedTensor> held_tensors(const Layer& /*layer*/) const { return {}; }
 
   /// TorchBind objects the forward hands to ops, by name ("kernel"). One

@@ -49,6 +49,8 @@ TEST(StateDifferences, NamesWhatDiffersAndSaysHow) {
       {"nan where numbers", at::tensor({1.0, nan}), at::tensor({1.0, 2.0}),
        "1 NaN where a cold load has numbers"},
       {"nan on both sides", at::tensor({1.0, nan}), at::tensor({1.0, nan}), ""},
+      {"nan on both sides, numbers off", at::tensor({1.0, nan}), at::tensor({2.0, nan}),
+       "max |diff| 1"},
       {"integers", at::tensor({1, 2, 3}), at::tensor({1, 5, 6}), "2 of 3 elements differ"},
       {"another shape", at::ones({2, 2}), at::ones({4}), "float32[2, 2]"},
       {"another dtype", at::ones({4}, at::kHalf), at::ones({4}), "float16[4]"},

@@ -562,6 +562,8 @@ TEST(ProtocolSteps, ASubjectsOwnStepsAreMergedWithTheRuns) {
   EXPECT_EQ(m.cold_footprint_tolerance_bytes, 7);
   EXPECT_TRUE(m.host_numbers);
   EXPECT_FALSE(m.compare_state);
+  EXPECT_TRUE(m.any());
+  EXPECT_FALSE(ReloadSteps{}.any());
 }
 
 TEST(ProtocolSteps, StepsThatCannotBeTakenAreRefusedWithTheirName) {

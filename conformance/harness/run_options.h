@@ -75,6 +75,13 @@ struct ReloadSteps {
   /// this far above what was live just before it.
   std::optional<int64_t> reload_peak_budget_bytes;
 
+  /// Whether any step is asked for.
+  bool any() const {
+    return sleep_level > 0 || recreate_parameters || host_numbers || compare_state ||
+           compare_forward_state || cold_footprint_tolerance_bytes.has_value() ||
+           reload_peak_budget_bytes.has_value();
+  }
+
   /// Every step either asks for: the higher sleep level, each check asked
   /// by either, the tighter of two bounds.
   ReloadSteps merged_with(const ReloadSteps& other) const {
