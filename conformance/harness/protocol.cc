@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -164,8 +165,12 @@ at::Tensor draw_run_input(ReloadSubject& subject, const RunOptions& options) {
 }
 
 // The cold load and warm-up every capture starts from, the forward run on `x`.
-void cold_load_and_warm_up(ReloadSubject& subject, const RunOptions& options, const at::Tensor& x) {
+// `loaded`, if given, runs between the two: what the layer holds then is
+// what its load made.
+void cold_load_and_warm_up(ReloadSubject& subject, const RunOptions& options, const at::Tensor& x,
+                           const std::function<void()>& loaded = {}) {
   subject.cold_load(subject.draw_checkpoint(options.seed));
+  if (loaded) loaded();
   // Engines run the forward before they capture; state it makes and keeps
   // (a workspace, a first-forward repack) belongs to the capture.
   subject.forward(x);
@@ -235,7 +240,9 @@ class ModeRun {
   void start() {
     if (!input_.defined()) input_ = draw_run_input(subject_, options_);
     x_ = input_.clone();
-    cold_load_and_warm_up(subject_, options_, x_);
+    cold_load_and_warm_up(subject_, options_, x_, [&] {
+      if (steps_.sleep_level == 1) remember_loaded_storages();
+    });
     const auto bytes = at::TensorOptions().dtype(at::kByte);
     canary_ = at::full({kCanaryBytes}, kCanaryByte, bytes.device(options_.device));
     canary_bytes_ = at::full({kCanaryBytes}, kCanaryByte, bytes);
@@ -325,14 +332,29 @@ class ModeRun {
   // sleep and wake, then parameters re-created for a layerwise reload.
   void before_reload() {
     if (steps_.sleep_level > 0 && !subject_.sleep_and_wake(steps_.sleep_level)) {
-      std::vector<at::Tensor> restored = subject_.buffers();
-      if (steps_.sleep_level == 1) {
-        std::vector<at::Tensor> params = subject_.parameters();
-        restored.insert(restored.end(), params.begin(), params.end());
-      }
       std::vector<trace::NamedTensor> reached = subject_.named_tensors();
       std::vector<trace::NamedTensor> caches = subject_.cache_tensors();
       reached.insert(reached.end(), caches.begin(), caches.end());
+      std::vector<at::Tensor> restored = subject_.buffers();
+      if (steps_.sleep_level == 1) {
+        // Level 1 keeps the weights' memory on the host while asleep: all
+        // the load made comes back, parameters, buffers and any other
+        // storage the layer reached right after its cold load (a quant
+        // state, a kernel object's table); what a forward made since does
+        // not.
+        std::set<const c10::StorageImpl*> loaded;
+        for (const auto& weak : loaded_storages_) {
+          if (auto storage = weak.lock()) loaded.insert(storage.get());
+        }
+        for (const trace::NamedTensor& n : reached) {
+          if (n.tensor.defined() && n.tensor.has_storage() &&
+              loaded.count(n.tensor.storage().unsafeGetStorageImpl()) > 0) {
+            restored.push_back(n.tensor);
+          }
+        }
+        std::vector<at::Tensor> params = subject_.parameters();
+        restored.insert(restored.end(), params.begin(), params.end());
+      }
       sleep_and_wake(reached, restored);
     }
     if (steps_.recreate_parameters) {
@@ -341,6 +363,16 @@ class ModeRun {
                   "recreate_parameters: the subject names no registered parameters "
                   "(ReloadSubject::parameters), so none can be re-created");
       recreate_parameters(params);
+    }
+  }
+
+  // For sleep level 1: the storages the layer reaches right after its cold
+  // load, held weakly (a storage the layer lets go of is not kept alive).
+  void remember_loaded_storages() {
+    for (const trace::NamedTensor& n : subject_.named_tensors()) {
+      if (n.tensor.defined() && n.tensor.has_storage()) {
+        loaded_storages_.emplace_back(n.tensor.storage().getWeakStorageImpl());
+      }
     }
   }
 
@@ -541,6 +573,7 @@ class ModeRun {
   std::set<std::string> flagged_numbers_;                // host_numbers: names flagged
   std::set<std::string> flagged_state_;                  // compare_state: names flagged
   std::optional<std::set<std::string>> not_idempotent_;  // compare_state, once asked
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> loaded_storages_;  // sleep level 1
   bool over_peak_ = false;
   bool over_footprint_ = false;
   std::optional<trace::CpuCensusScope> census_;

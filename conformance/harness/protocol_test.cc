@@ -469,6 +469,8 @@ TEST(ProtocolSteps, EachStepNamesTheBugItExistsForAndPassesTheFixedLayer) {
   peak.reload_peak_budget_bytes = 256;  // the staged copy of w is 512 B
   ReloadSteps forward_state = sleeping(2);
   forward_state.compare_forward_state = true;
+  ReloadSteps forward_state_level_1 = sleeping(1);
+  forward_state_level_1.compare_forward_state = true;
   struct Row {
     const char* name;
     Bug bug;
@@ -480,7 +482,6 @@ TEST(ProtocolSteps, EachStepNamesTheBugItExistsForAndPassesTheFixedLayer) {
   };
   const Row rows[] = {
       {"sleep 2", Bug::kPlainConstant, sleeping(2), "bias", "differs from a cold load", true},
-      {"sleep 1", Bug::kPlainConstant, sleeping(1), "bias", "differs from a cold load", true},
       {"recreate", Bug::kPaddingFromConstruction, recreate, "w_padded", "differs from a cold load",
        true},
       {"host numbers", Bug::kHostNumber, numbers, "number", "host number changed since the capture",
@@ -491,6 +492,8 @@ TEST(ProtocolSteps, EachStepNamesTheBugItExistsForAndPassesTheFixedLayer) {
       {"peak", Bug::kStagedCopy, peak, "memory", "peak during reload 1", true},
       {"forward state", Bug::kFirstForwardTiles, forward_state, "tiles", "after the forward", false,
        sleeping(2)},
+      {"sleep 1 loses what a forward made", Bug::kFirstForwardTiles, forward_state_level_1, "tiles",
+       "after the forward", false, sleeping(1)},
   };
   for (const Row& row : rows) {
     SCOPED_TRACE(row.name);
@@ -522,6 +525,20 @@ TEST(ProtocolSteps, EachStepNamesTheBugItExistsForAndPassesTheFixedLayer) {
     const BackendReport clean = run_subject(fixed, o);
     EXPECT_TRUE(clean.ok()) << to_table({clean});
   }
+}
+
+// Level 1 keeps the weights' memory on the host: what the cold load made
+// comes back, a plain tensor made at construction included; level 2 loses it.
+TEST(ProtocolSteps, SleepLevelOneRestoresWhatTheColdLoadMadeAndLevelTwoDoesNot) {
+  StepsSubject level_1(Bug::kPlainConstant);
+  RunOptions o = options(3, true);
+  o.steps = sleeping(1);
+  const BackendReport restored = run_subject(level_1, o);
+  EXPECT_TRUE(restored.ok()) << to_table({restored});
+  StepsSubject level_2(Bug::kPlainConstant);
+  o.steps = sleeping(2);
+  const BackendReport lost = run_subject(level_2, o);
+  EXPECT_TRUE(flagged_in_every_mode(lost, "bias")) << to_table({lost});
 }
 
 TEST(ProtocolSteps, ASubjectsOwnSleepRunsInPlaceOfTheEmulationAndWhatItKeepsIsCounted) {

@@ -33,12 +33,12 @@ namespace reloadsafe::harness {
 /// meta device or without a plain storage are left alone.
 void discard_storage(const at::Tensor& t, int64_t integer);
 
-/// Sleep at `level` (1 or 2) and wake. Sleep discards the contents of every
+/// Sleep and wake. Sleep discards the contents of every
 /// storage `reached` holds (each once; integers become 0, as fresh pages
 /// are zeroed, so an index still indexes and the garbage is read, not
 /// refused). Wake then copies back into `restored` what each held before
-/// the sleep, through a host copy. What to restore is the caller's rule:
-/// buffers at level 2, parameters and buffers at level 1.
+/// the sleep, through a host copy. What to restore is the caller's rule
+/// (the protocol's: buffers at level 2; at level 1 all the cold load made).
 void sleep_and_wake(const std::vector<trace::NamedTensor>& reached,
                     const std::vector<at::Tensor>& restored);
 

@@ -47,8 +47,9 @@ struct ReloadSteps {
   /// 0: no sleep. 1 or 2: before every reload the layer sleeps and wakes,
   /// as an engine's sleep mode does between RL steps (reload_steps.h):
   /// the contents of every storage the subject names are discarded, then
-  /// wake restores its registered buffers (level 2), or its parameters and
-  /// buffers (level 1), from a host copy.
+  /// wake restores from a host copy its registered buffers (level 2), or
+  /// everything its cold load made (level 1: parameters, buffers and every
+  /// other storage it reached before its first forward).
   int sleep_level = 0;
   /// Before every reload's load, every registered parameter's storage is
   /// filled with a sentinel (NaN; -1 for integers), as the memory of a

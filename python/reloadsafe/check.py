@@ -272,14 +272,16 @@ class _LayerSubject(_C.ReloadSubject):
         return True
 
     def parameters(self) -> list[torch.Tensor]:
+        """The registered parameters, a tensor subclass as its inner
+        tensors (what holds the bytes): what a layerwise reload re-creates."""
         assert self.live is not None
-        return list(self.live.parameters())
+        return [leaf for p in self.live.parameters() for leaf in _leaves(p)]
 
     def buffers(self) -> list[torch.Tensor]:
-        """The registered buffers, non-persistent ones included: what a wake
-        restores from its host copy."""
+        """The registered buffers, non-persistent ones included, as
+        ``parameters``: what a wake restores from its host copy."""
         assert self.live is not None
-        return [b for _, b in self.live.named_buffers()]
+        return [leaf for _, b in self.live.named_buffers() for leaf in _leaves(b)]
 
     def cache_tensors(self) -> list[Any]:
         return [_C.NamedTensor(n, t, False) for n, t in cache_tensors(self.module_caches)]
@@ -614,6 +616,17 @@ _META_HAS_NO_DATA = re.compile(
 )
 
 
+def _leaves(t: torch.Tensor) -> Iterator[torch.Tensor]:
+    """``t``, or for a traceable wrapper subclass its inner tensors, each
+    taken apart the same way."""
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        for n in names:
+            yield from _leaves(getattr(t, n))
+    else:
+        yield t
+
+
 def _reads_meta_data(e: BaseException) -> bool:
     seen: set[int] = set()
     cur: BaseException | None = e
@@ -810,7 +823,8 @@ def check_reload(
     reload, as an engine's sleep mode does between RL steps
     (reloadsafe/sleep.py): every storage the layer reaches is discarded in
     place (floats NaN, integers 0), then wake restores the registered
-    buffers (level 2; level 1 the parameters too) from a host copy, and the
+    buffers (level 2; level 1 everything the cold load made, so only what a
+    forward made since is lost) from a host copy, and the
     reload loads and post-processes. ``sleep`` may instead be a function
     ``(layer) -> None`` that is the engine's own sleep and wake (a memory
     saver that keeps host copies), run in place of the emulation before

@@ -18,7 +18,10 @@ subject names the storages, buffers and parameters):
   zeroed; a zero index still indexes, so the garbage is read, not refused);
 - wake: level 2 restores the registered buffers (``named_buffers``, the
   non-persistent ones included) from a host copy taken before sleeping, as
-  vLLM's wake does; level 1 restores the parameters too;
+  vLLM's wake does; level 1, where vLLM keeps the weights' memory on the
+  host, restores everything the cold load made (every storage the layer
+  reached before its first forward), so only what a forward made since is
+  lost;
 - then the reload loads the checkpoint and post-processes, as after a wake.
 
 Anything the forward or post-processing still reads that was neither

@@ -87,6 +87,30 @@ def test_state_outside_what_wake_restores_is_garbage_after_sleep():
     assert "scale" in named.flagged, named.table()
 
 
+class TilesFromTheFirstForward(torch.nn.Module):
+    """A table the first forward makes and later ones only read."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = sl._param(8, 16)
+        self.tiles: Any = None
+
+    def forward(self, x):
+        if self.tiles is None:
+            self.tiles = torch.arange(8.0, device=x.device)
+        return torch.mm(x, self.weight.t()) + self.tiles
+
+
+def test_level_1_restores_all_the_cold_load_made_and_loses_what_a_forward_made():
+    # The scale post-processing made at the cold load comes back at level 1,
+    # as the weights' memory does in vLLM's level 1.
+    assert check_reload(ScaleAttribute, X, reloads=3, sleep=1, compare_state=True).ok
+    # The table the warm-up forward made does not.
+    report = check_reload(TilesFromTheFirstForward, X, reloads=3, sleep=1, compare_forward_state=True)
+    assert "tiles" in report.flagged and "forward" in report.flagged, report.table()
+    assert check_reload(TilesFromTheFirstForward, X, reloads=3, compare_forward_state=True).ok
+
+
 def test_registered_buffers_come_back_on_wake():
     for level in (1, 2):
         report = check_reload(ScaleBuffer, X, reloads=3, sleep=level, compare_state=True)

@@ -77,6 +77,37 @@ def test_refilled_in_place_passes_with_no_violation_and_no_warning(cls):
         assert mode["declared_reads"] >= 1
 
 
+# The harness steps on the in-place layers: each passes with its forward
+# state compared after the forward, with its host numbers held, after sleep
+# level 1 (parameters and buffers restored, a subclass through its inner
+# tensors) and with its parameters re-created; a false alarm here would be
+# one on a correct layer of a real library.
+_STEPS: dict[str, dict[str, bool | int]] = {
+    "forward state and host numbers": {"compare_forward_state": True, "host_numbers": True},
+    "sleep 1": {"sleep": 1},
+    "recreated parameters": {"recreate_parameters": True},
+}
+
+
+@pytest.mark.parametrize("steps", list(_STEPS), ids=list(_STEPS))
+@pytest.mark.parametrize("cls", rl.IN_PLACE, ids=lambda c: c.__name__)
+def test_refilled_in_place_passes_the_harness_steps(cls, steps):
+    rl.need(cls)
+    report = _check(cls, reloads=3, **_STEPS[steps])
+    assert report.ok, report.table()
+
+
+def test_compare_state_names_what_the_first_forward_repacked_and_compare_forward_state_does_not():
+    """Its first forward repacks the loaded codes in place: a cold load
+    without a forward holds them unpacked, so compare_state names them on a
+    correct layer; compare_forward_state compares with a cold load that ran
+    its forward too."""
+    rl.need(rl.FirstForwardRepackInPlace)
+    report = _check(rl.FirstForwardRepackInPlace, reloads=2, compare_state=True)
+    assert "qweight" in report.flagged, report.table()
+    assert _check(rl.FirstForwardRepackInPlace, reloads=2, compare_forward_state=True).ok
+
+
 # The fbgemm "kept" variants add a fixed projection of their own, so they
 # compute something else than their rebuilt counterparts.
 _SAME_FORWARD = [(r, k) for r, k in rl.PAIRS if k not in (rl.FbgemmPrepackKept, rl.QuantizeDynamicKept)]
