@@ -816,9 +816,6 @@ def check_reload(
     a kernel fills once) and that a sleep discarded is named. For layers
     whose forward state does not depend on how many forwards ran.
 
-    These steps are the C++ protocol's (``ReloadSteps``, the same for a C++
-    backend with ``reload_harness --sleep 2`` and the like):
-
     ``sleep`` (1 or 2) puts the layer to sleep and wakes it before every
     reload, as an engine's sleep mode does between RL steps
     (reloadsafe/sleep.py): every storage the layer reaches is discarded in
@@ -846,6 +843,12 @@ def check_reload(
     forward was captured; a reload that changes one is a violation named by
     its attribute ("host number changed since the capture"): a CUDA graph
     bakes such a number into its launch (reloadsafe/state.py).
+
+    ``compare_state``, ``compare_forward_state``, ``sleep``,
+    ``recreate_parameters``, ``host_numbers``, ``cold_footprint_tolerance_bytes``
+    and ``reload_peak_budget_bytes`` are steps of the C++ protocol
+    (``ReloadSteps`` in conformance/harness/run_options.h), which a C++
+    backend takes with ``reload_harness --sleep 2`` and the like.
 
     Returns a ``ReloadReport``; ``report.ok`` is the verdict and
     ``report.table()`` names every violation. ``expect_violation`` marks a
