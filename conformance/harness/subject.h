@@ -99,8 +99,10 @@ class ReloadSubject {
   virtual std::vector<NamedObject> named_objects() { return {}; }
 
   // What the steps of ReloadSteps need (run_options.h). A subject that
-  // cannot answer one keeps the default, and a run that asks for that step
-  // is refused with the step's name.
+  // cannot answer one keeps the default: a run whose step needs a cold
+  // state or parameters and gets none is refused with the step's name; the
+  // other defaults say there is nothing of the kind (no buffers, caches or
+  // host numbers).
 
   /// The subject's own sleep and wake (an engine's, with whatever it keeps
   /// on the host while asleep), if it has one: does it on the live layer
@@ -108,11 +110,13 @@ class ReloadSubject {
   /// at `level` (reload_steps.h).
   virtual bool sleep_and_wake(int /*level*/) { return false; }
 
-  /// The live layer's registered parameters: what a layerwise reload
-  /// re-creates and sleep level 1 restores.
+  /// The live layer's registered parameters (a tensor subclass as the
+  /// tensors that hold its bytes): what a layerwise reload re-creates and
+  /// every sleep at level 1 restores.
   virtual std::vector<at::Tensor> parameters() { return {}; }
 
-  /// The live layer's registered buffers: what every wake restores.
+  /// The live layer's registered buffers, as parameters(): what every wake
+  /// restores.
   virtual std::vector<at::Tensor> buffers() { return {}; }
 
   /// Tensors of caches kept outside the layer (a module-level dict) that
