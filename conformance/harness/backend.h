@@ -13,6 +13,7 @@
 // and its target must be linked with alwayslink = True (see BUILD.bazel).
 #pragma once
 
+#include "conformance/harness/module_cache.h"
 #include "conformance/harness/subject.h"
 #include "utils/layer.h"
 
@@ -77,6 +78,13 @@ class Backend {
   /// the host_numbers and compare_state steps check them (run_options.h).
   /// C++ has no walker to find them, so the backend lists them.
   virtual std::vector<NamedNumber> host_numbers(const Layer& /*layer*/) const { return {}; }
+
+  /// Module-level caches post-processing reads (module_cache.h), which the
+  /// author opts in to have walked like the layer's own tensors: slept with
+  /// it, compared under compare_state, emptied for every cold load made
+  /// aside. The caches are the backend's (statics of its file), not owned
+  /// here.
+  virtual std::vector<ModuleCache*> module_caches() const { return {}; }
 
   /// The engine's own sleep and wake for this layer, if the backend has one
   /// (a memory saver that keeps host copies): does it and returns true.

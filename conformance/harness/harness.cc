@@ -164,6 +164,8 @@ at::Tensor BackendSubject::draw_input(uint64_t seed) {
 }
 
 void BackendSubject::cold_load(const Checkpoint& ckpt) {
+  mode_caches_.reset();  // what an earlier cold load's caches held is gone
+  mode_caches_ = std::make_unique<CachesStashed>(backend_.module_caches());
   session_ = std::make_unique<ReloadSession>(backend_, device_, std::move(fresh_layer_), ckpt);
 }
 
@@ -176,6 +178,9 @@ at::Tensor BackendSubject::forward(const at::Tensor& x) {
 }
 
 at::Tensor BackendSubject::cold_forward(const Checkpoint& ckpt, const at::Tensor& x) {
+  // The reference is made with the module caches emptied, so a corrupted
+  // cache cannot corrupt it too.
+  CachesStashed stashed(backend_.module_caches());
   return session().cold_forward(ckpt, x);
 }
 
@@ -185,6 +190,14 @@ std::vector<NamedTensor> BackendSubject::named_tensors() {
 
 std::vector<NamedObject> BackendSubject::named_objects() {
   return session().named_objects();
+}
+
+std::vector<NamedTensor> BackendSubject::cache_tensors() {
+  std::vector<NamedTensor> out;
+  for (const ModuleCache* cache : backend_.module_caches()) {
+    for (NamedTensor& t : cache->tensors()) out.push_back(std::move(t));
+  }
+  return out;
 }
 
 bool BackendSubject::sleep_and_wake(int level) {
@@ -205,10 +218,13 @@ std::vector<NamedNumber> BackendSubject::named_numbers() {
 
 LayerState BackendSubject::cold_state(const Checkpoint& ckpt, int loads,
                                       const at::Tensor& forward_input) {
+  CachesStashed stashed(backend_.module_caches());
   ReloadSession aside(backend_, device_, ckpt);
   for (int i = 1; i < loads; ++i) aside.load_and_process(ckpt);
   if (forward_input.defined()) backend_.forward(aside.layer(), forward_input);
-  return LayerState{aside.named_tensors(), backend_.host_numbers(aside.layer())};
+  LayerState state{aside.named_tensors(), backend_.host_numbers(aside.layer())};
+  for (NamedTensor& t : stashed.tensors()) state.tensors.push_back(std::move(t));
+  return state;
 }
 
 BackendReport run_backend(const Backend& backend, const RunOptions& options) {

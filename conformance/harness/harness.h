@@ -101,6 +101,8 @@ class BackendSubject : public ReloadSubject {
   at::Tensor cold_forward(const Checkpoint& ckpt, const at::Tensor& x) override;
   std::vector<NamedTensor> named_tensors() override;
   std::vector<NamedObject> named_objects() override;
+  /// The tensors of Backend::module_caches.
+  std::vector<NamedTensor> cache_tensors() override;
   /// Backend::sleep_and_wake on the live layer.
   bool sleep_and_wake(int level) override;
   /// The layer's registered parameters and buffers (torch::nn::Module's).
@@ -109,13 +111,15 @@ class BackendSubject : public ReloadSubject {
   /// Backend::host_numbers of the live layer.
   std::vector<NamedNumber> named_numbers() override;
   bool has_cold_state() const override { return true; }
-  /// A ReloadSession of `ckpt` made aside, loaded `loads` times (and its
-  /// forward run on `forward_input`, if defined): its named_tensors() and
-  /// the backend's host_numbers().
+  /// A ReloadSession of `ckpt` made aside with the module caches emptied,
+  /// loaded `loads` times (and its forward run on `forward_input`, if
+  /// defined): its named_tensors(), what the caches got, and the backend's
+  /// host_numbers().
   LayerState cold_state(const Checkpoint& ckpt, int loads,
                         const at::Tensor& forward_input) override;
   void release() override {
     session_.reset();
+    mode_caches_.reset();
     fresh_layer_.reset();
   }
 
@@ -124,6 +128,10 @@ class BackendSubject : public ReloadSubject {
   const Backend& backend_;
   c10::Device device_;
   std::unique_ptr<ReloadSession> session_;
+  // The backend's module caches, emptied from each cold load to release(),
+  // so each mode starts from empty caches and the process gets back what it
+  // had (Backend::module_caches).
+  std::unique_ptr<CachesStashed> mode_caches_;
   // Every checkpoint's pools (Note [Checkpoints from a pool]), drawn once.
   std::optional<Checkpoint> pools_;
   // The layer created to read the pools' layouts, untouched: the next cold

@@ -7,9 +7,10 @@ bool matches(const std::string& expected, const std::string& flagged) {
   if (expected.empty()) return false;
   if (flagged == expected) return true;
   // "aten::div" matches "aten::div.Tensor arg 1 (other)"; "scale" matches
-  // "scale (undeclared)".
-  return flagged.rfind(expected, 0) == 0 && flagged.size() > expected.size() &&
-         (flagged[expected.size()] == ' ' || flagged[expected.size()] == '.');
+  // "scale (undeclared)"; a module cache matches its entries ("cache[key]").
+  if (flagged.rfind(expected, 0) != 0 || flagged.size() <= expected.size()) return false;
+  const char next = flagged[expected.size()];
+  return next == ' ' || next == '.' || next == '[';
 }
 
 }  // namespace

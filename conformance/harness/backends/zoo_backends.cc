@@ -20,6 +20,9 @@
 //        wake restores (sleep level 2, compare_state)
 //   Z09  padding that only construction zeroed (recreate_parameters,
 //        compare_state)
+//   Z20  a module-level cache post-processing reads, garbage after a sleep
+//        (sleep level 2, compare_state, the cache named through
+//        Backend::module_caches)
 //
 // C++ has no walker to find what a kernel object holds, so each backend
 // names it (Backend::held_tensors, held_objects, host_numbers).
@@ -34,6 +37,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <map>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -652,6 +656,112 @@ class PaddedMoeFixed : public PaddedMoe {
   }
 };
 
+// Z20 -- vLLM #49695: the FlashInfer MoE path kept the row permutation of
+// its gate/up shuffle in a module-level cache keyed by shape and device,
+// read by post-processing. The cache is nothing the layer holds, so a
+// level-2 sleep discarded its contents (it lived in the same device memory)
+// and no wake restored them: the next reload shuffled the new weights with
+// garbage indices. The fix keeps the indices in a registered buffer, which
+// every wake restores. The backend names the cache for the steps
+// (Backend::module_caches): slept with the layer, compared under
+// compare_state, and emptied for the cold loads made aside.
+
+constexpr int64_t kPermRows = 16, kPermCols = 8;
+
+std::map<std::string, at::Tensor>& permute_indices_cache() {
+  static auto* cache = new std::map<std::string, at::Tensor>();
+  return *cache;
+}
+
+ModuleCache* permute_cache() {
+  static auto* cache = new TensorMapCache("_cache_permute_indices", permute_indices_cache());
+  return cache;
+}
+
+// The rows of the gate and up halves interleaved.
+at::Tensor interleaved_rows(const c10::Device& device) {
+  return at::arange(kPermRows, at::TensorOptions().dtype(at::kLong).device(device))
+      .view({2, kPermRows / 2})
+      .t()
+      .reshape({kPermRows});
+}
+
+struct ShuffledMoeLayer : Layer {
+  bool have_permutation = false;
+};
+
+class GlobalPermCache : public Backend {
+ public:
+  std::shared_ptr<Layer> create_layer(const c10::Device& device) const override {
+    auto layer = std::make_shared<ShuffledMoeLayer>();
+    add_params(*layer, device, {{"w13", {kPermRows, kPermCols}, at::kFloat}});
+    layer->register_buffer("w13_shuffled", at::zeros({kPermRows, kPermCols}, device));
+    return layer;
+  }
+  void process_weights_after_loading(Layer& layer) const override {
+    layer.get("w13_shuffled").copy_(layer.get("w13").index({permutation(layer)}));
+  }
+  at::Tensor forward(const Layer& layer, const at::Tensor& x) const override {
+    return at::mm(x, layer.get("w13_shuffled").t());
+  }
+  std::vector<int64_t> input_shape() const override { return {6, kPermCols}; }
+  std::vector<std::string> derived_names() const override { return {"w13_shuffled"}; }
+  std::vector<ModuleCache*> module_caches() const override { return {permute_cache()}; }
+  ReloadSteps steps() const override {
+    ReloadSteps steps;
+    steps.sleep_level = 2;
+    steps.compare_state = true;  // names the cache entry, not only the forward
+    return steps;
+  }
+
+ protected:
+  virtual at::Tensor permutation(Layer& layer) const {
+    const c10::Device device = layer.get("w13").device();
+    const std::string key = "(" + std::to_string(kPermRows) + ", " + device.str() + ")";
+    auto& cache = permute_indices_cache();
+    auto it = cache.find(key);
+    if (it == cache.end()) it = cache.emplace(key, interleaved_rows(device)).first;
+    return it->second;
+  }
+};
+
+class GlobalPermCacheBuggy : public GlobalPermCache {
+ public:
+  std::string name() const override { return "zoo_Z20_global_perm_cache_buggy"; }
+  std::string description() const override {
+    return "vLLM #49695: the shuffle's row permutation in a module-level cache, garbage after a "
+           "level-2 sleep";
+  }
+  bool negative_control() const override { return true; }
+  std::string expected_violation() const override { return "_cache_permute_indices"; }
+};
+
+class GlobalPermCacheFixed : public GlobalPermCache {
+ public:
+  std::string name() const override { return "zoo_Z20_global_perm_cache_fixed"; }
+  std::string description() const override {
+    return "vLLM #49695 fixed: the row permutation in a registered buffer, restored on wake";
+  }
+  std::shared_ptr<Layer> create_layer(const c10::Device& device) const override {
+    auto layer = GlobalPermCache::create_layer(device);
+    layer->register_buffer(
+        "permute_indices",
+        at::zeros({kPermRows}, at::TensorOptions().dtype(at::kLong).device(device)));
+    return layer;
+  }
+
+ protected:
+  at::Tensor permutation(Layer& layer) const override {
+    auto& shuffled = dynamic_cast<ShuffledMoeLayer&>(layer);
+    const at::Tensor indices = layer.get("permute_indices");
+    if (!shuffled.have_permutation) {
+      indices.copy_(interleaved_rows(indices.device()));
+      shuffled.have_permutation = true;
+    }
+    return indices;
+  }
+};
+
 }  // namespace
 
 RELOADSAFE_REGISTER_BACKEND(CutlassMoeBuggy);
@@ -668,5 +778,7 @@ RELOADSAFE_REGISTER_BACKEND(DraftRopeCacheBuggy);
 RELOADSAFE_REGISTER_BACKEND(DraftRopeCacheFixed);
 RELOADSAFE_REGISTER_BACKEND(PaddedMoeBuggy);
 RELOADSAFE_REGISTER_BACKEND(PaddedMoeFixed);
+RELOADSAFE_REGISTER_BACKEND(GlobalPermCacheBuggy);
+RELOADSAFE_REGISTER_BACKEND(GlobalPermCacheFixed);
 
 }  // namespace reloadsafe::harness
