@@ -55,8 +55,17 @@ std::string max_diff(const at::Tensor& a, const at::Tensor& b) {
   if (a.sizes() != b.sizes()) {
     os << "shape " << a.sizes() << " vs " << b.sizes();
   } else {
-    os << "max |diff| "
-       << (a.cpu().to(at::kDouble) - b.cpu().to(at::kDouble)).abs().max().item<double>();
+    const at::Tensor a64 = a.cpu().to(at::kDouble), b64 = b.cpu().to(at::kDouble);
+    // NaN in one and a number in the other (garbage a sleep or a re-created
+    // parameter left): how many, rather than a NaN difference.
+    const int64_t nans = at::logical_xor(a64.isnan(), b64.isnan()).sum().item<int64_t>();
+    if (nans > 0) {
+      os << nans << " NaN where the other has numbers";
+    } else {
+      const at::Tensor diff = (a64 - b64).abs();
+      os << "max |diff| "
+         << at::where(diff.isnan(), at::zeros_like(diff), diff).max().item<double>();
+    }
   }
   return os.str();
 }

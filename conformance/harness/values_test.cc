@@ -129,6 +129,9 @@ TEST(Close, WithinTheToleranceAndNanAndInfinityInPlace) {
 TEST(MaxDiff, SaysByHowMuchOrThatTheShapesDiffer) {
   EXPECT_EQ(max_diff(floats({1, 2}), floats({1, 2.25f})), "max |diff| 0.25");
   EXPECT_EQ(max_diff(floats({1, 2}), floats({1, 2})), "max |diff| 0");
+  EXPECT_EQ(max_diff(floats({NAN, 2, NAN}), floats({1, 2, 3})),
+            "2 NaN where the other has numbers");
+  EXPECT_EQ(max_diff(floats({NAN, 2}), floats({NAN, 2.5f})), "max |diff| 0.5");
   EXPECT_EQ(max_diff(at::zeros({2, 3}), at::zeros({3, 2})), "shape [2, 3] vs [3, 2]");
 }
 
