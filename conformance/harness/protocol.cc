@@ -311,12 +311,18 @@ class ModeRun {
     check_forward(r, ckpt, replayed_graph);
   }
 
+  // What the live layer holds, its module caches' tensors included.
+  LayerState live_state() {
+    LayerState live{subject_.named_tensors(), subject_.named_numbers()};
+    for (trace::NamedTensor& c : subject_.cache_tensors()) live.tensors.push_back(std::move(c));
+    return live;
+  }
+
   // Right after the live forward, before the capture's replay runs its ops
   // on the live tensors: the layer against a cold load that ran one forward
   // on the same input; each name flagged once, as compare_state's are.
   void check_forward_state(int r, const Checkpoint& ckpt) {
-    LayerState live{subject_.named_tensors(), subject_.named_numbers()};
-    for (trace::NamedTensor& c : subject_.cache_tensors()) live.tensors.push_back(std::move(c));
+    const LayerState live = live_state();
     const at::Tensor x = input_.clone();  // the aside forward may write its input
     const LayerState cold = subject_.cold_state(ckpt, /*loads=*/1, x);
     for (const StateDifference& d : state_differences(live, cold)) {
@@ -429,8 +435,7 @@ class ModeRun {
   // The live layer against a cold load of the same checkpoint, by name;
   // each name is flagged at the first reload where it differs.
   void check_state(int r, const Checkpoint& ckpt) {
-    LayerState live{subject_.named_tensors(), subject_.named_numbers()};
-    for (trace::NamedTensor& c : subject_.cache_tensors()) live.tensors.push_back(std::move(c));
+    const LayerState live = live_state();
     const LayerState cold = subject_.cold_state(ckpt, /*loads=*/1, /*forward_input=*/{});
     const std::vector<StateDifference> differences = state_differences(live, cold);
     if (differences.empty()) return;
