@@ -178,6 +178,10 @@ class _LayerSubject(_C.ReloadSubject):
         self.memory_tolerance_bytes = _whole_number("memory_tolerance_bytes", memory_tolerance_bytes, 0, example=4096)
         self.example_input = example_input
         self.module_caches: Caches = {}
+        # The module caches emptied from each mode's cold load to its
+        # release, so each mode starts from empty caches and the process
+        # gets back what they held (what the C++ harness does).
+        self._mode_caches: contextlib.ExitStack | None = None
         self.own_sleep: Callable[[torch.nn.Module], None] | None = None  # sleep=function
 
         probe = self.new_layer()
@@ -243,7 +247,15 @@ class _LayerSubject(_C.ReloadSubject):
         )
 
     def cold_load(self, ckpt: Checkpoint) -> None:
+        self._end_mode_caches()
+        self._mode_caches = contextlib.ExitStack()
+        self._mode_caches.enter_context(caches_emptied(self.module_caches))
         self.live = self.cold_loaded(ckpt)
+
+    def _end_mode_caches(self) -> None:
+        if self._mode_caches is not None:
+            self._mode_caches.close()
+            self._mode_caches = None
 
     def reload(self, mode: Any, ckpt: Checkpoint) -> None:
         assert self.live is not None
@@ -325,6 +337,7 @@ class _LayerSubject(_C.ReloadSubject):
 
     def release(self) -> None:
         self.live = None
+        self._end_mode_caches()
         gc.collect()
 
     # The steps, on any layer of this subject.

@@ -34,8 +34,10 @@ reads. They are slept with the layer, compared by name under
 ``compare_state`` (``name[key]``), and every cold load made aside (the
 reference forward, the state comparison) runs with them emptied and puts
 their contents back after, so a corrupted cache cannot corrupt the
-reference too. Their tensors are not held to their addresses (a cache may
-rightly be rebuilt; the forward's reads of it are traced anyway).
+reference too. Each mode of the check starts from empty caches too, and
+the caches get back what they held when the mode ends, so a check leaves
+them as it found them. Their tensors are not held to their addresses (a
+cache may rightly be rebuilt; the forward's reads of it are traced anyway).
 """
 from __future__ import annotations
 

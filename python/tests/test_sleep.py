@@ -126,11 +126,16 @@ def test_level_2_discards_what_the_loader_does_not_write_and_level_1_restores_it
 def test_a_module_cache_is_slept_named_and_emptied_for_the_reference():
     _CACHE.clear()
     assert check_reload(GlobalCache, X, reloads=3, sleep=2).ok  # the check does not see the cache
+    before = dict(_CACHE)
     report = check_reload(GlobalCache, X, reloads=3, sleep=2, compare_state=True,
                           module_caches={"_CACHE": _CACHE})
     assert "_CACHE['perm']" in report.flagged and "permuted" in report.flagged, report.table()
     # The reference forward was right: the live forward is what differs.
     assert "forward" in report.flagged
+    # Each mode started from an empty cache, and the process got back its
+    # cache as it was, not the garbage the check's sleeps left in it.
+    assert list(_CACHE) == list(before) and all(_CACHE[k] is before[k] for k in before)
+    assert torch.equal(_CACHE["perm"], torch.arange(15, -1, -1))
 
 
 @pytest.mark.parametrize("cls", sl.SAMPLES, ids=lambda c: c.__name__)
