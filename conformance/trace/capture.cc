@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 
 namespace reloadsafe::trace {
 namespace {
@@ -187,6 +188,46 @@ CapturedForward::CapturedForward(const std::function<at::Tensor()>& forward)
       break;
     }
   }
+  unmade_read_ = find_unmade_read();
+}
+
+// Note [A replay gives up before it runs an op]
+// The captured calls may write the layer's tensors in place (a counter, a
+// cache), and a replay makes those writes again, as a graph replay would. A
+// replay that stopped halfway would leave them made and return nothing, so a
+// caller that then compares the layer's state sees writes no forward made.
+// Whether every call's arguments can be rebuilt is known from the capture
+// alone: an argument whose storage the forward made must be the result of an
+// earlier top-level call. That walk runs once here, and replay() refuses
+// before it runs anything.
+std::string CapturedForward::find_unmade_read() const {
+  std::unordered_set<const c10::TensorImpl*> made;
+  for (const HeldCall& call : holder_->held()) {
+    std::string unmade;
+    for (const c10::IValue& v : call.inputs) {
+      map_tensors(v, [&](const at::Tensor& t) -> at::Tensor {
+        if (unmade.empty() && has_plain_storage(t) &&
+            !trace_->classify(t.storage().unsafeGetStorageImpl()).value_or(true) &&
+            made.count(t.unsafeGetTensorImpl()) == 0) {
+          const std::string text = t.toString();
+          unmade = text.substr(0, text.find('\n'));
+        }
+        return t;
+      });
+    }
+    if (!unmade.empty()) {
+      return call.op.schema().name() + " reads a tensor the forward made without an op (" + unmade +
+             ")";
+    }
+    for (const c10::IValue& out : call.outputs) {
+      if (out.isTensor()) {
+        made.insert(out.toTensor().unsafeGetTensorImpl());
+      } else if (out.isTensorList()) {
+        for (const at::Tensor& t : out.toTensorList().vec()) made.insert(t.unsafeGetTensorImpl());
+      }
+    }
+  }
+  return {};
 }
 
 CapturedForward::~CapturedForward() = default;
@@ -318,6 +359,10 @@ std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
     *why = std::string(random_op_) + " draws random numbers: a replay cannot match a fresh forward";
     return std::nullopt;
   }
+  if (!unmade_read_.empty()) {  // Note [A replay gives up before it runs an op]
+    *why = unmade_read_;
+    return std::nullopt;
+  }
   // Result objects of the capture -> what the replay computed in their place.
   std::unordered_map<const c10::TensorImpl*, at::Tensor> made;
   std::string missing;
@@ -352,11 +397,9 @@ std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
     torch::jit::Stack stack;
     stack.reserve(call.inputs.size());
     for (const c10::IValue& v : call.inputs) stack.push_back(map_value(v));
-    if (!missing.empty()) {
-      *why = call.op.schema().name() + " reads a tensor the forward made without an op (" +
-             missing.substr(0, missing.find('\n')) + ")";
-      return std::nullopt;
-    }
+    TORCH_INTERNAL_ASSERT(missing.empty(), call.op.schema().name(),
+                          " reads a tensor no earlier call made, which find_unmade_read let pass: ",
+                          missing.substr(0, missing.find('\n')));
     {
       const ReplayState state(call.state);  // autocast, grad and inference mode as captured
       call.op.callBoxed(stack);

@@ -35,7 +35,8 @@
 // rand*, normal, bernoulli, multinomial) give different values on every run,
 // and a top-level op whose argument was made inside the forward without an
 // op (at::from_blob) cannot be rebuilt: replay() then says why and returns
-// nothing; the address check stays the verdict.
+// nothing, before it runs any op (a replay that gives up writes nothing);
+// the address check stays the verdict.
 #pragma once
 
 #include "conformance/trace/read_trace.h"
@@ -205,6 +206,7 @@ class CapturedForward {
   std::vector<ReadChange> compare(const Kept& retrace, const TensorNames& names,
                                   bool details) const;
   bool replays_as(const Kept& retrace) const;
+  std::string find_unmade_read() const;
 
   std::unique_ptr<Holder> holder_;  // the capture's hook; outlives trace_
   std::unique_ptr<ReadTrace> trace_;
@@ -212,6 +214,9 @@ class CapturedForward {
   /// The first captured op that draws random numbers (empty if none): found
   /// once at capture, since it rules out every replay.
   std::string_view random_op_;
+  /// Why a replay cannot rebuild some call's arguments (empty if it can):
+  /// found once at capture (Note [A replay gives up before it runs an op]).
+  std::string unmade_read_;
 };
 
 /// The forward traced again after a reload, each call checked against the

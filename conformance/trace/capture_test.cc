@@ -34,6 +34,12 @@ struct Weights {
   std::vector<NamedTensor> named() const { return {{"w", w, true}, {"scale", scale, false}}; }
 };
 
+// Where stash_ones leaves what it makes.
+at::Tensor& stashed() {
+  static at::Tensor t;
+  return t;
+}
+
 // A kernel object holding a packed weight, as fbgemm's packed linear weights
 // are held (a TorchBind object handed to the op).
 struct Packed : torch::CustomClassHolder {
@@ -56,6 +62,21 @@ TORCH_LIBRARY(reloadsafe_capture_test, m) {
     const at::Tensor scratch = at::detail::empty_meta(x.sizes(), x.scalar_type());
     return at::add(x, scratch);
   });
+  // Makes a tensor inside the op and leaves it aside for a later op, as a
+  // kernel that keeps a side table may: the later op reads a storage the
+  // forward made that no top-level op returned.
+  m.def("stash_ones(Tensor x) -> Tensor", [](const at::Tensor& x) {
+    stashed() = at::ones_like(x);
+    return x.clone();
+  });
+}
+
+at::Tensor stash_ones(const at::Tensor& x) {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("reloadsafe_capture_test::stash_ones", "");
+  torch::jit::Stack stack{x};
+  op.callBoxed(stack);
+  return stack.back().toTensor();
 }
 
 at::Tensor scratch_add(const at::Tensor& x) {
@@ -423,6 +444,25 @@ TEST(CapturedForward, RandomOpsAreNotReplayedAndSaySo) {
   std::string why;
   EXPECT_FALSE(capture.replay(&why).has_value());
   EXPECT_NE(why.find("random"), std::string::npos) << why;
+}
+
+// A replay that cannot run every op gives up before it runs any: the
+// forward's in-place write to a layer tensor is not made again by a replay
+// that then returns nothing.
+TEST(CapturedForward, AReplayThatCannotRunEveryOpWritesNothing) {
+  const at::Tensor counter = at::zeros({4});
+  const at::Tensor x = at::randn({4});
+  CapturedForward capture([&] {
+    counter.add_(1);
+    return at::mul(stash_ones(x), stashed());
+  });
+  ASSERT_TRUE(at::equal(counter, at::ones({4})));
+  std::string why;
+  EXPECT_FALSE(capture.replay(&why).has_value());
+  EXPECT_NE(why.find("made without an op"), std::string::npos) << why;
+  EXPECT_NE(why.find("aten::mul"), std::string::npos) << why;
+  EXPECT_TRUE(at::equal(counter, at::ones({4}))) << "the failed replay wrote " << counter;
+  stashed().reset();
 }
 
 // A TorchBind object handed to its op from C++, as a backend holding a
