@@ -18,6 +18,16 @@ bool plain_cpu_bytes(const at::Tensor& t) {
          t.is_contiguous();
 }
 
+namespace {
+
+// A sparse (COO or compressed) or mkldnn tensor has no element-wise
+// comparison of its own; it is compared by the dense tensor it stands for.
+at::Tensor strided(const at::Tensor& t) {
+  return t.layout() == at::kStrided ? t : t.to_dense();
+}
+
+}  // namespace
+
 // Byte for byte (NaN payloads included, which an element-wise == is not).
 bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
   if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) return false;
@@ -25,7 +35,9 @@ bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
     const size_t n = a.numel() * a.element_size();  // no dispatch: the common case
     return n == 0 || std::memcmp(a.const_data_ptr(), b.const_data_ptr(), n) == 0;
   }
-  if (a.layout() != at::kStrided || b.layout() != at::kStrided) return at::equal(a.cpu(), b.cpu());
+  if (a.layout() != at::kStrided || b.layout() != at::kStrided) {
+    return same_bytes(strided(a), strided(b));
+  }
   const at::Tensor ca = a.cpu().contiguous();
   const at::Tensor cb = b.cpu().contiguous();
   const size_t n = ca.numel() * ca.element_size();
@@ -55,7 +67,8 @@ std::string max_diff(const at::Tensor& a, const at::Tensor& b) {
   if (a.sizes() != b.sizes()) {
     os << "shape " << a.sizes() << " vs " << b.sizes();
   } else {
-    const at::Tensor a64 = a.cpu().to(at::kDouble), b64 = b.cpu().to(at::kDouble);
+    const at::Tensor a64 = strided(a).cpu().to(at::kDouble);
+    const at::Tensor b64 = strided(b).cpu().to(at::kDouble);
     // NaN in one and a number in the other (garbage a sleep or a re-created
     // parameter left): how many, rather than a NaN difference.
     const int64_t nans = at::logical_xor(a64.isnan(), b64.isnan()).sum().item<int64_t>();
@@ -75,6 +88,8 @@ std::string max_diff(const at::Tensor& a, const at::Tensor& b) {
 // [Poison quarantine] in memory_census.h) still differs from a fresh load.
 bool close(const at::Tensor& a, const at::Tensor& b) {
   if (a.sizes() != b.sizes()) return false;
+  if (a.layout() != at::kStrided || b.layout() != at::kStrided)
+    return close(strided(a), strided(b));
   // Dense float outputs in one pass (all_close.h); anything else through allclose.
   if (std::optional<bool> fast = all_close(a, b, 1e-5, 1e-5)) return *fast;
   if (a.scalar_type() == b.scalar_type() && a.device() == b.device()) {

@@ -18,6 +18,7 @@ namespace reloadsafe::harness {
 bool plain_cpu_bytes(const at::Tensor& t);
 
 /// Byte for byte (NaN payloads included, which an element-wise == is not).
+/// A sparse or mkldnn tensor is compared as the dense tensor it stands for.
 bool same_bytes(const at::Tensor& a, const at::Tensor& b);
 
 /// A tensor's bytes as they are now, to tell later whether anything wrote
@@ -38,7 +39,7 @@ class Snapshot {
 /// Close within rtol = atol = 1e-5, NaN and infinities at the same places
 /// comparing equal: a layer may legitimately compute them, and a stale read
 /// of poisoned memory (Note [Poison quarantine] in memory_census.h) still
-/// differs from a cold load.
+/// differs from a cold load. Sparse and mkldnn tensors compare densely.
 bool close(const at::Tensor& a, const at::Tensor& b);
 
 /// "max |diff| 0.25", or "shape [2, 3] vs [3, 2]": how `a` and `b` differ.

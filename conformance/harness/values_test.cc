@@ -67,6 +67,15 @@ TEST(SameBytes, ComparesBytesShapeAndDtype) {
       {"dtype", m, m.to(at::kInt), false},
       {"a transposed copy of the same values", m.t(), m.t().contiguous(), true},
       {"empty", at::empty({0}), at::empty({0}), true},
+      // A layer may hold a sparse buffer (a pruning mask): compared by the
+      // values it stands for, whatever its layout.
+      {"sparse, equal", m.to_sparse(), m.clone().to_sparse(), true},
+      {"sparse, one value differs", m.to_sparse(), m.clone().index_put_({0, 1}, 9.0).to_sparse(),
+       false},
+      {"sparse and its dense form", m.to_sparse(), m, true},
+      {"sparse CSR, equal", m.to_sparse_csr(), m.clone().to_sparse_csr(), true},
+      {"sparse CSR, one value differs", m.to_sparse_csr(),
+       m.clone().index_put_({1, 2}, 9.0).to_sparse_csr(), false},
   };
   for (const Case& c : cases) {
     EXPECT_EQ(same_bytes(c.a, c.b), c.same) << c.name;
@@ -84,12 +93,16 @@ TEST(Snapshot, TellsWhetherAnythingWroteIntoTheTensor) {
       {"plain, written", at::arange(4, at::kFloat), true},
       {"strided (cloned), untouched", at::arange(8, at::kFloat).reshape({2, 4}).t(), false},
       {"strided (cloned), written", at::arange(8, at::kFloat).reshape({2, 4}).t(), true},
+      {"sparse (cloned), untouched", (at::arange(8, at::kFloat) + 1).reshape({2, 4}).to_sparse(),
+       false},
+      {"sparse (cloned), written", (at::arange(8, at::kFloat) + 1).reshape({2, 4}).to_sparse(),
+       true},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const Snapshot snapshot(c.t);
     if (c.write) {
-      at::Tensor first = c.t;
+      at::Tensor first = c.t.is_sparse() ? c.t._values() : c.t;
       while (first.dim() > 0) first = first.select(0, 0);
       first.fill_(-1.0);
     }
@@ -120,6 +133,9 @@ TEST(Close, WithinTheToleranceAndNanAndInfinityInPlace) {
       {"dtypes differ, values equal", floats({1, 2}), at::tensor({1.0, 2.0}, at::kDouble), true},
       {"integers", at::arange(4, at::kInt), at::arange(4, at::kInt), true},
       {"integers differ", at::arange(4, at::kInt), at::arange(4, at::kInt) + 1, false},
+      {"sparse, equal", floats({0, 2}).to_sparse(), floats({0, 2}).to_sparse(), true},
+      {"sparse, beyond", floats({0, 2}).to_sparse(), floats({0, 2.001f}).to_sparse(), false},
+      {"sparse and dense", floats({0, 2}).to_sparse(), floats({0, 2}), true},
   };
   for (const Case& c : cases) {
     EXPECT_EQ(close(c.a, c.b), c.close) << c.name;
@@ -133,6 +149,9 @@ TEST(MaxDiff, SaysByHowMuchOrThatTheShapesDiffer) {
             "2 NaN where the other has numbers");
   EXPECT_EQ(max_diff(floats({NAN, 2}), floats({NAN, 2.5f})), "max |diff| 0.5");
   EXPECT_EQ(max_diff(at::zeros({2, 3}), at::zeros({3, 2})), "shape [2, 3] vs [3, 2]");
+  EXPECT_EQ(max_diff(floats({0, 2}).reshape({1, 2}).to_sparse(),
+                     floats({0, 2.25f}).reshape({1, 2}).to_sparse_csr()),
+            "max |diff| 0.25");
 }
 
 }  // namespace
