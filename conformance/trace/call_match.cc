@@ -97,9 +97,10 @@ class Fingerprint {
 // Whether the argument `t` (at `arg`, `element`) would be recorded as the
 // read `expected` is, in every respect same_call() looks at.
 bool is_expected_read(const TensorRead& expected, const at::Tensor& t, int arg, int element,
-                      ClassifyArgument classify) {
+                      const SparsePart* part, ClassifyArgument classify) {
   // A tensor without a plain storage is recorded in full.
-  if (expected.arg != arg || expected.element != element || !expected.has_storage ||
+  if (expected.arg != arg || expected.element != element ||
+      expected.part != (part != nullptr ? part->index : -1) || !expected.has_storage ||
       dispatches_in_python(t) || !t.has_storage()) {
     return false;
   }
@@ -143,7 +144,8 @@ bool same_call(const OpCall& a, const OpCall& b) {
     const TensorRead& ra = a.reads[j];
     const TensorRead& rb = b.reads[j];
     if (ra.external != rb.external || ra.subclass != rb.subclass ||
-        ra.has_storage != rb.has_storage || ra.arg != rb.arg || ra.element != rb.element) {
+        ra.has_storage != rb.has_storage || ra.arg != rb.arg || ra.element != rb.element ||
+        ra.part != rb.part) {
       return false;
     }
     if (ra.external && !ra.same_place(rb)) return false;
@@ -171,9 +173,9 @@ bool is_expected_call(const OpCall& expected, int depth, const c10::FunctionSche
   size_t j = 0;
   for_each_read(
       args, num_args,
-      [&](const at::Tensor& t, int arg, int element) {
+      [&](const at::Tensor& t, int arg, int element, const SparsePart* part) {
         same = same && j < expected.reads.size() &&
-               is_expected_read(expected.reads[j], t, arg, element, classify);
+               is_expected_read(expected.reads[j], t, arg, element, part, classify);
         ++j;
       },
       [&](const c10::IValue&, int) { same = false; });  // an object: recorded in full

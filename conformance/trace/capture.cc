@@ -3,6 +3,7 @@
 #include "conformance/trace/call_match.h"
 #include "conformance/trace/call_state.h"
 #include "conformance/trace/op_arguments.h"
+#include "conformance/trace/sparse_parts.h"
 
 #include <ATen/core/stack.h>
 #include <c10/util/Exception.h>
@@ -96,6 +97,11 @@ std::string TensorNames::label(const ObjectRead& read) const {
 }
 
 void TensorNames::add(const std::string& name, const at::Tensor& t, bool declared) {
+  // A sparse tensor is named through its parts, as the trace reads them.
+  const size_t parts = sparse_part_count(t);
+  for (size_t k = 0; k < parts; ++k) {
+    add(name + "." + sparse_part_info(t, k).name, sparse_part(t, k), declared);
+  }
   // A Python tensor (a subclass) is named through its inner tensors.
   if (!has_plain_storage(t)) return;
   TensorLocation location = TensorLocation::of(t);

@@ -273,6 +273,35 @@ TEST(CapturedForward, ARebuiltTensorIsFlaggedByAddressAndGivesAStaleReplay) {
   EXPECT_FALSE(at::allclose(*replayed, live)) << "the capture still holds the old scale";
 }
 
+// A sparse weight is read through its parts (sparse_parts.h): refilled in
+// place it compares clean; rebuilt, each part is flagged by its name and
+// the replay still computes with the old parts.
+TEST(CapturedForward, ASparseTensorIsReadThroughItsPartsAndARebuiltOneIsFlagged) {
+  at::Tensor dense = at::randn({8, 4}) * (at::rand({8, 4}) > 0.5);
+  at::Tensor w = dense.to_sparse();
+  const at::Tensor x = at::randn({4, 2});
+  auto forward = [&] { return at::mm(w, x); };
+  CapturedForward capture(forward);
+  TensorNames names({{"w", w, true}});
+  const std::vector<CapturedRead> reads = capture.reads(names);
+  std::set<std::string> named;
+  for (const CapturedRead& r : reads) named.insert(r.name);
+  EXPECT_TRUE(named.count("w._indices") == 1 && named.count("w._values") == 1)
+      << ::testing::PrintToString(named);
+  w._values().mul_(2.0);  // refilled in place
+  EXPECT_TRUE(retrace(capture, names, forward).changes.empty());
+  w = (dense * 3.0).to_sparse();  // rebuilt: new index and value tensors
+  const Retraced r = retrace(capture, names, forward);
+  EXPECT_EQ(whats(r.changes).count("w._values: address"), 1u)
+      << ::testing::PrintToString(whats(r.changes));
+  EXPECT_EQ(whats(r.changes).count("w._indices: address"), 1u);
+  EXPECT_FALSE(r.replays_as);
+  std::string why;
+  const auto replayed = capture.replay(&why);
+  ASSERT_TRUE(replayed.has_value()) << why;
+  EXPECT_TRUE(at::allclose(*replayed, at::mm(dense * 2.0, x))) << "the capture holds the old parts";
+}
+
 TEST(CapturedForward, ARebindingOfTheSameObjectIsStillAStaleRead) {
   Weights m;
   const at::Tensor x = at::randn({2, 4});

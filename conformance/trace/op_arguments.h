@@ -8,9 +8,11 @@
 // mapping them) walks them through these two functions, so a shape is
 // handled the same way everywhere.
 //
-// Invariant: neither function runs an op or touches a tensor's storage; the
+// Invariant: no function here runs an op or touches a tensor's storage; the
 // callbacks decide what to do with each tensor.
 #pragma once
+
+#include "conformance/trace/sparse_parts.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
@@ -48,10 +50,12 @@ void for_each_tensor(const c10::IValue& v, OnTensor&& on_tensor) {
 }
 
 /// What a call reads, the one rule for recording a call and for telling it
-/// against an expected one (call_match.h): `on_read(tensor, arg, element)`
-/// for every tensor argument among `args[0..num_args)` that is a memory read
-/// (defined, and not a wrapped number such as Python's `x * 0.5` makes),
-/// `on_object(value, arg)` for every opaque object, in argument order.
+/// against an expected one (call_match.h): `on_read(tensor, arg, element,
+/// part)` for every tensor argument among `args[0..num_args)` that is a
+/// memory read (defined, and not a wrapped number such as Python's `x * 0.5`
+/// makes), with `part` null; for a sparse argument, once for each of its
+/// parts instead (sparse_parts.h), with `part` naming it. `on_object(value,
+/// arg)` for every opaque object, in argument order.
 template <typename OnRead, typename OnObject>
 void for_each_read(const c10::IValue* args, size_t num_args, OnRead&& on_read,
                    OnObject&& on_object) {
@@ -60,8 +64,15 @@ void for_each_read(const c10::IValue* args, size_t num_args, OnRead&& on_read,
     for_each_in_argument(
         args[i],
         [&](const at::Tensor& t, int element) {
-          if (t.defined() && !t.unsafeGetTensorImpl()->is_wrapped_number()) {
-            on_read(t, arg, element);
+          if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
+          if (t.layout() == at::kStrided) {  // the common case, without a call
+            on_read(t, arg, element, static_cast<const SparsePart*>(nullptr));
+            return;
+          }
+          const size_t parts = sparse_part_count(t);
+          if (parts == 0) on_read(t, arg, element, static_cast<const SparsePart*>(nullptr));
+          for (size_t k = 0; k < parts; ++k) {
+            on_read(sparse_part(t, k), arg, element, &sparse_part_info(t, k));
           }
         },
         [&](const c10::IValue& object) { on_object(object, arg); });

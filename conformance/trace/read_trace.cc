@@ -154,10 +154,14 @@ std::optional<bool> ReadTrace::classify(const c10::StorageImpl* storage) const {
 }
 
 void ReadTrace::fill_read(TensorRead& r, const at::Tensor& t, int arg, int element,
-                          const c10::Argument& schema_arg) {
+                          const SparsePart* part, const c10::Argument& schema_arg) {
   r.arg = arg;
   r.element = element;
   r.arg_name = schema_arg.name();
+  if (part != nullptr) {
+    r.part = part->index;
+    r.arg_name += std::string(".") + part->name;
+  }
   r.written = schema_arg.alias_info() != nullptr && schema_arg.alias_info()->isWrite();
   r.subclass = dispatches_in_python(t);
   r.has_storage = !r.subclass && t.has_storage();
@@ -236,7 +240,7 @@ void ReadTrace::add_object(OpCall& call, const c10::IValue& v, int arg,
         continue;
       }
       TensorRead& r = call.reads.emplace_back();
-      fill_read(r, t, arg, static_cast<int>(k), schema_arg);
+      fill_read(r, t, arg, static_cast<int>(k), /*part=*/nullptr, schema_arg);
       r.arg_name = o.arg_name + "." + source + "[" + std::to_string(k) + "]";
       r.object = o.identity;
     }
@@ -307,8 +311,8 @@ void ReadTrace::record(const c10::FunctionSchema& schema, const c10::IValue* arg
     }
     for_each_read(
         args, num_args,
-        [&](const at::Tensor& t, int arg, int element) {
-          fill_read(call.reads.emplace_back(), t, arg, element, schema.arguments()[arg]);
+        [&](const at::Tensor& t, int arg, int element, const SparsePart* part) {
+          fill_read(call.reads.emplace_back(), t, arg, element, part, schema.arguments()[arg]);
         },
         [&](const c10::IValue& object, int arg) {
           add_object(call, object, arg, schema.arguments()[arg]);

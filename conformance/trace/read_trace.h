@@ -97,6 +97,7 @@
 #pragma once
 
 #include "conformance/trace/memory_census.h"
+#include "conformance/trace/sparse_parts.h"
 #include "conformance/trace/tensor_location.h"
 #include "conformance/trace/trace_key.h"
 #include "conformance/trace/trace_records.h"
@@ -256,7 +257,7 @@ class ReadTrace {
   bool records_nested() const { return options_.nested; }
   void add_object(OpCall& call, const c10::IValue& v, int arg, const c10::Argument& schema_arg);
   // Records `t` as the read `r` (a new element of an op's reads).
-  void fill_read(TensorRead& r, const at::Tensor& t, int arg, int element,
+  void fill_read(TensorRead& r, const at::Tensor& t, int arg, int element, const SparsePart* part,
                  const c10::Argument& schema_arg);
   void note_result(const at::Tensor& t);
   // Whether the storage at `storage_data` on `device` existed before the

@@ -32,12 +32,15 @@ namespace reloadsafe::trace {
 /// was (TensorLocation; its storage fields are empty for a tensor without a
 /// plain storage) and where the op took it.
 struct TensorRead : TensorLocation {
-  int arg = 0;              ///< index of the argument in the op's schema
-  int element = -1;         ///< index in a Tensor[] argument; -1 for a single tensor
+  int arg = 0;       ///< index of the argument in the op's schema
+  int element = -1;  ///< index in a Tensor[] argument; -1 for a single tensor
+  /// For a part of a sparse argument (sparse_parts.h): its index, and
+  /// arg_name ends with its name ("self._values"); -1 for the argument itself.
+  int part = -1;
   std::string arg_name;     ///< the schema's name for the argument ("self", "mat2")
   bool written = false;     ///< the schema says the op writes it (in-place, out=)
   bool external = false;    ///< the storage existed before the traced code ran (read_trace.h)
-  bool has_storage = true;  ///< false for tensors without storage (sparse, nested)
+  bool has_storage = true;  ///< false for tensors without storage (mkldnn, nested)
   /// A tensor that dispatches in Python (a `__torch_dispatch__` subclass):
   /// no storage fields are read; has_storage is false.
   bool subclass = false;

@@ -18,6 +18,7 @@ finds them all and names each the way you would reach it in Python::
     layer.cfg.workspace                  an attribute of a plain object
     layer.fn.__self__.workspace          an attribute of a bound method's object
     qweight.qdata, qweight.scale         inner tensors of a tensor subclass (below)
+    mask._values, mask._indices          the parts of a sparse tensor (below)
     weight.quant_state.absmax            an attribute set on a tensor object
 
 Tensor subclasses. A traceable wrapper subclass (``__torch_dispatch__`` with
@@ -28,6 +29,12 @@ returns the wrapper; it returns its inner tensors, named by the attribute
 names ``__tensor_flatten__`` gives (``qweight.qdata``), descending into an
 inner tensor that is itself a wrapper (``weight.inner.qdata``). Nothing here
 touches a wrapper's storage or data pointer.
+
+Sparse tensors. A sparse tensor (COO, CSR, CSC, BSR, BSC) has no storage of
+its own either: its index and value tensors hold the bytes kernels read.
+``named_tensors`` returns those, named by the method that gives each
+(``mask._values``, ``mask._indices``; ``w.crow_indices``, ``w.col_indices``,
+``w.values`` for the compressed layouts).
 
 Opaque objects. ``named_objects`` finds the TorchScript custom-class objects
 (``torch.ScriptObject``, e.g. fbgemm's packed ``LinearPackedParamsBase``) the
@@ -131,6 +138,17 @@ _OPAQUE = (
 )
 
 
+# The tensors that hold a sparse tensor's bytes, by layout: the methods that
+# give them, each an alias of the sparse tensor's own part (no copy).
+SPARSE_PARTS: dict[torch.layout, tuple[str, ...]] = {
+    torch.sparse_coo: ("_indices", "_values"),
+    torch.sparse_csr: ("crow_indices", "col_indices", "values"),
+    torch.sparse_bsr: ("crow_indices", "col_indices", "values"),
+    torch.sparse_csc: ("ccol_indices", "row_indices", "values"),
+    torch.sparse_bsc: ("ccol_indices", "row_indices", "values"),
+}
+
+
 def _is_opaque(obj: Any) -> bool:
     if isinstance(obj, _OPAQUE):
         return True
@@ -165,7 +183,11 @@ class _Walker:
         if id(t) in self.seen_tensors:
             return
         self.seen_tensors.add(id(t))
-        if is_traceable_wrapper_subclass(t):
+        parts = SPARSE_PARTS.get(t.layout)
+        if parts is not None:
+            for part in parts:
+                self.add(f"{name}.{part}", getattr(t, part)(), kind, depth)
+        elif is_traceable_wrapper_subclass(t):
             # The wrapper has no storage to check: its inner tensors are
             # what kernels read (see the module docstring).
             inner_names, _ = t.__tensor_flatten__()

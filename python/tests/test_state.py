@@ -64,6 +64,35 @@ class StaleHostNumber(torch.nn.Module):
         return torch.mm(x, self.weight.t()) * self._k_scale_float
 
 
+class SparseMask(torch.nn.Module):
+    """A sparse buffer (a pruning mask) the forward reads; correct."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = sl._param(8, 16)
+        mask = (torch.arange(8 * 16).reshape(8, 16) % 3 == 0).float()
+        self.register_buffer("mask", mask.to_sparse(), persistent=False)
+
+    def forward(self, x):
+        return torch.mm(x, (self.weight * self.mask.to_dense()).t())
+
+
+class StaleSparseCopy(SparseMask):
+    """A sparse copy of the masked weight made at the first load only."""
+
+    def __init__(self):
+        super().__init__()
+        self.kernel: Any = None
+
+    def process_weights_after_loading(self):
+        if self.kernel is None:
+            self.kernel = type("Kernel", (), {})()
+            self.kernel.w_sparse = (self.weight * self.mask.to_dense()).to_sparse()
+
+    def forward(self, x):
+        return torch.mm(x, self.kernel.w_sparse.to_dense().t())
+
+
 X = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
 
 
@@ -102,6 +131,15 @@ def test_correct_layers_pass_with_compare_state(cls):
     x = torch.randn(*cls.input_shape, generator=torch.Generator().manual_seed(0))
     report = check_reload(cls, x, reloads=3, modes=getattr(cls, "modes", reloadsafe.MODES), compare_state=True)
     assert report.ok, report.table()
+
+
+def test_sparse_tensors_are_compared_by_the_values_they_stand_for():
+    for kw in ({"compare_state": True}, {"compare_forward_state": True}, {"sleep": 2}):
+        report = check_reload(SparseMask, X, reloads=2, **kw)
+        assert report.ok, (kw, report.table())
+    report = check_reload(StaleSparseCopy, X, reloads=2, compare_state=True)
+    found = _named(report, "kernel.w_sparse._values")
+    assert found and all(v["what"] == "differs from a cold load of the same checkpoint" for v in found), report.table()
 
 
 def test_only_names_both_layers_have_are_compared_and_undeclared_are_skipped():

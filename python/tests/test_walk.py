@@ -209,6 +209,36 @@ def test_attributes_set_on_a_tensor_are_walked():
     assert found["weight.quant_state.absmax"].kind == "object" and found["weight"].kind == "parameter"
 
 
+@pytest.mark.parametrize(
+    "layout, parts",
+    [
+        ("coo", ("_indices", "_values")),
+        ("csr", ("crow_indices", "col_indices", "values")),
+        ("csc", ("ccol_indices", "row_indices", "values")),
+        ("bsr", ("crow_indices", "col_indices", "values")),
+        ("bsc", ("ccol_indices", "row_indices", "values")),
+    ],
+)
+def test_a_sparse_tensor_is_named_by_its_parts(layout, parts):
+    dense = torch.eye(4) * torch.arange(1.0, 5.0)
+    sparse = {
+        "coo": lambda: dense.to_sparse(),
+        "csr": lambda: dense.to_sparse_csr(),
+        "csc": lambda: dense.to_sparse_csc(),
+        "bsr": lambda: dense.to_sparse_bsr((2, 2)),
+        "bsc": lambda: dense.to_sparse_bsc((2, 2)),
+    }[layout]()
+    layer = torch.nn.Module()
+    layer.register_buffer("mask", sparse, persistent=False)
+    layer.kernel = types.SimpleNamespace(w=sparse)
+    found = _names(layer)
+    assert set(found) == {f"mask.{p}" for p in parts}, sorted(found)  # reached twice: the declared name
+    for p in parts:
+        part = found[f"mask.{p}"]
+        assert part.kind == "buffer" and part.tensor.layout == torch.strided
+        assert part.tensor.data_ptr() == getattr(sparse, p)().data_ptr()  # the part itself, not a copy
+
+
 def test_a_method_bound_over_a_partial_is_walked():
     layer = torch.nn.Module()
     t = torch.zeros(3)
