@@ -1,5 +1,6 @@
 #include "conformance/harness/layer_state.h"
 
+#include "conformance/trace/sparse_parts.h"
 #include "conformance/trace/tensor_location.h"
 
 #include <ATen/ATen.h>
@@ -93,15 +94,23 @@ std::string format_number(const NamedNumber& n) {
 
 std::vector<StateDifference> state_differences(const LayerState& live, const LayerState& cold) {
   std::vector<StateDifference> out;
-  std::map<std::string, const at::Tensor*> cold_tensors;
-  for (const NamedTensor& n : cold.tensors) cold_tensors.emplace(n.name, &n.tensor);
+  // A sparse tensor is compared part by part ("mask._values"), as Python's
+  // walk names it.
+  std::map<std::string, at::Tensor> cold_tensors;
+  for (const NamedTensor& n : cold.tensors) {
+    trace::for_each_part(n.name, n.tensor, [&](const std::string& name, const at::Tensor& t) {
+      cold_tensors.emplace(name, t);
+    });
+  }
   for (const NamedTensor& n : live.tensors) {
-    const auto it = cold_tensors.find(n.name);
-    if (it == cold_tensors.end() || !comparable(n.tensor) || !comparable(*it->second)) continue;
-    std::string diff = tensor_difference(n.tensor, *it->second);
-    if (!diff.empty()) {
-      out.push_back(StateDifference{n.name, "cold load " + layout(*it->second), std::move(diff)});
-    }
+    trace::for_each_part(n.name, n.tensor, [&](const std::string& name, const at::Tensor& t) {
+      const auto it = cold_tensors.find(name);
+      if (it == cold_tensors.end() || !comparable(t) || !comparable(it->second)) return;
+      std::string diff = tensor_difference(t, it->second);
+      if (!diff.empty()) {
+        out.push_back(StateDifference{name, "cold load " + layout(it->second), std::move(diff)});
+      }
+    });
   }
   std::map<std::string, const NamedNumber*> cold_numbers;
   for (const NamedNumber& n : cold.numbers) cold_numbers.emplace(n.name, &n);

@@ -71,6 +71,25 @@ TEST(StateDifferences, NamesWhatDiffersAndSaysHow) {
   }
 }
 
+// A sparse tensor is compared by its parts, named as Python's walk names them.
+TEST(StateDifferences, ASparseTensorIsComparedByItsParts) {
+  const at::Tensor dense = at::eye(4) * at::arange(1.0, 5.0);
+  const at::Tensor stale = (at::eye(4) * 2.0).to_sparse();
+  EXPECT_TRUE(state_differences({{{"mask", dense.to_sparse(), true}}, {}},
+                                {{{"mask", dense.to_sparse(), true}}, {}})
+                  .empty());
+  const std::vector<StateDifference> d =
+      state_differences({{{"mask", stale, true}}, {}}, {{{"mask", dense.to_sparse(), true}}, {}});
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].name, "mask._values");
+  EXPECT_EQ(d[0].after, "max |diff| 2");
+  const std::vector<StateDifference> csr =
+      state_differences({{{"w", (dense * 2.0).to_sparse_csr(), true}}, {}},
+                        {{{"w", dense.to_sparse_csr(), true}}, {}});
+  ASSERT_EQ(csr.size(), 1u);
+  EXPECT_EQ(csr[0].name, "w.values");
+}
+
 TEST(StateDifferences, OnlyNamesBothSidesHoldAreComparedTensorsFirst) {
   LayerState live{{{"w", at::ones({3}), true},
                    {"workspace", at::ones({2}), true},  // made by a forward: the cold side has none

@@ -1,5 +1,6 @@
 #include "conformance/harness/reload_steps.h"
 
+#include "conformance/trace/sparse_parts.h"
 #include "conformance/trace/tensor_location.h"
 
 #include <ATen/ATen.h>
@@ -19,6 +20,11 @@ bool has_bytes(const at::Tensor& t) {
 }  // namespace
 
 void discard_storage(const at::Tensor& t, int64_t integer) {
+  if (trace::sparse_part_count(t) > 0) {
+    trace::for_each_part(
+        "", t, [&](const std::string&, const at::Tensor& part) { discard_storage(part, integer); });
+    return;
+  }
   if (!has_bytes(t)) return;
   const c10::Storage& storage = t.storage();
   const int64_t elements = static_cast<int64_t>(storage.nbytes()) / t.element_size();
@@ -42,15 +48,20 @@ void sleep_and_wake(const std::vector<trace::NamedTensor>& reached,
   c10::NoGradGuard no_grad;
   std::vector<std::pair<at::Tensor, at::Tensor>> host;  // (tensor, its bytes on the host)
   host.reserve(restored.size());
+  // A sparse tensor sleeps and wakes by its parts.
   for (const at::Tensor& t : restored) {
-    if (has_bytes(t))
-      host.emplace_back(t, t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));
+    trace::for_each_part("", t, [&](const std::string&, const at::Tensor& part) {
+      if (has_bytes(part))
+        host.emplace_back(part, part.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));
+    });
   }
   std::set<const void*> slept;
   for (const trace::NamedTensor& n : reached) {
-    if (has_bytes(n.tensor) && slept.insert(n.tensor.storage().unsafeGetStorageImpl()).second) {
-      discard_storage(n.tensor, /*integer=*/0);
-    }
+    trace::for_each_part("", n.tensor, [&](const std::string&, const at::Tensor& part) {
+      if (has_bytes(part) && slept.insert(part.storage().unsafeGetStorageImpl()).second) {
+        discard_storage(part, /*integer=*/0);
+      }
+    });
   }
   for (auto& [t, bytes] : host) t.detach().copy_(bytes);
 }

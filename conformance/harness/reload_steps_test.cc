@@ -65,6 +65,20 @@ TEST(SleepAndWake, DiscardsEveryReachedStorageOnceAndRestoresOnlyWhatItIsTold) {
   EXPECT_EQ(plain.data_ptr(), addresses[2]);
 }
 
+// A sparse tensor sleeps by its parts: the values become garbage, the
+// indices zeros, in place; restored, it wakes as it was.
+TEST(SleepAndWake, ASparseTensorSleepsAndWakesByItsParts) {
+  const at::Tensor dense = at::eye(3) * at::arange(1.0, 4.0);
+  at::Tensor reached = dense.to_sparse();
+  at::Tensor restored = dense.to_sparse_csr();
+  const void* values = reached._values().data_ptr();
+  sleep_and_wake({{"reached", reached, false}, {"restored", restored, true}}, {restored});
+  EXPECT_TRUE(at::isnan(reached._values()).all().item<bool>());
+  EXPECT_TRUE(at::equal(reached._indices(), at::zeros_like(reached._indices())));
+  EXPECT_EQ(reached._values().data_ptr(), values);
+  EXPECT_TRUE(at::equal(restored.to_dense(), dense));
+}
+
 TEST(SleepAndWake, LevelOneRestoresParametersToo) {
   at::Tensor param = at::arange(6, at::kFloat);
   sleep_and_wake({{"param", param, true}}, {param});

@@ -97,10 +97,12 @@ std::string TensorNames::label(const ObjectRead& read) const {
 }
 
 void TensorNames::add(const std::string& name, const at::Tensor& t, bool declared) {
-  // A sparse tensor is named through its parts, as the trace reads them.
-  const size_t parts = sparse_part_count(t);
-  for (size_t k = 0; k < parts; ++k) {
-    add(name + "." + sparse_part_info(t, k).name, sparse_part(t, k), declared);
+  if (sparse_part_count(t) > 0) {
+    // A sparse tensor is named through its parts, as the trace reads them.
+    for_each_part(name, t, [&](const std::string& part_name, const at::Tensor& part) {
+      add(part_name, part, declared);
+    });
+    return;
   }
   // A Python tensor (a subclass) is named through its inner tensors.
   if (!has_plain_storage(t)) return;

@@ -17,6 +17,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstddef>
+#include <string>
 
 namespace reloadsafe::trace {
 
@@ -36,5 +37,16 @@ at::Tensor sparse_part(const at::Tensor& t, size_t k);
 
 /// The name and index of part `k` of `t` (k < sparse_part_count(t)).
 const SparsePart& sparse_part_info(const at::Tensor& t, size_t k);
+
+/// `fn(name, t)` for a tensor that is not sparse; for a sparse one,
+/// `fn(name + "." + part name, part)` for each of its parts instead.
+template <typename Fn>
+void for_each_part(const std::string& name, const at::Tensor& t, Fn&& fn) {
+  const size_t parts = sparse_part_count(t);
+  if (parts == 0) fn(name, t);
+  for (size_t k = 0; k < parts; ++k) {
+    fn(name + "." + sparse_part_info(t, k).name, sparse_part(t, k));
+  }
+}
 
 }  // namespace reloadsafe::trace

@@ -219,6 +219,7 @@ def test_attributes_set_on_a_tensor_are_walked():
         ("bsc", ("ccol_indices", "row_indices", "values")),
     ],
 )
+@pytest.mark.filterwarnings("ignore:Sparse .* support is in beta")
 def test_a_sparse_tensor_is_named_by_its_parts(layout, parts):
     dense = torch.eye(4) * torch.arange(1.0, 5.0)
     sparse = {
