@@ -35,7 +35,7 @@ from .loading import (
     load_checkpoint,
 )
 from .sleep import LEVELS, Caches, cache_tensors, caches_emptied
-from .walk import SPARSE_PARTS, named_numbers, named_objects, named_tensors
+from .walk import named_numbers, named_objects, named_tensors, tensor_parts
 
 __all__ = ["check_reload", "ReloadReport", "MODES"]
 
@@ -630,19 +630,14 @@ _META_HAS_NO_DATA = re.compile(
 
 
 def _leaves(t: torch.Tensor) -> Iterator[torch.Tensor]:
-    """``t``, or for a traceable wrapper subclass its inner tensors and for a
-    sparse tensor its index and value tensors (walk.py), each taken apart the
-    same way."""
-    parts = SPARSE_PARTS.get(t.layout)
-    if parts is not None:
-        for part in parts:
-            yield from _leaves(getattr(t, part)())
-    elif is_traceable_wrapper_subclass(t):
-        names, _ = t.__tensor_flatten__()
-        for n in names:
-            yield from _leaves(getattr(t, n))
-    else:
+    """``t``, or the tensors that hold its bytes (walk.tensor_parts), each
+    taken apart the same way."""
+    parts = tensor_parts(t)
+    if parts is None:
         yield t
+    else:
+        for _, part in parts:
+            yield from _leaves(part)
 
 
 def _reads_meta_data(e: BaseException) -> bool:

@@ -140,13 +140,28 @@ _OPAQUE = (
 
 # The tensors that hold a sparse tensor's bytes, by layout: the methods that
 # give them, each an alias of the sparse tensor's own part (no copy).
-SPARSE_PARTS: dict[torch.layout, tuple[str, ...]] = {
+_SPARSE_PARTS: dict[torch.layout, tuple[str, ...]] = {
     torch.sparse_coo: ("_indices", "_values"),
     torch.sparse_csr: ("crow_indices", "col_indices", "values"),
     torch.sparse_bsr: ("crow_indices", "col_indices", "values"),
     torch.sparse_csc: ("ccol_indices", "row_indices", "values"),
     torch.sparse_bsc: ("ccol_indices", "row_indices", "values"),
 }
+
+
+def tensor_parts(t: torch.Tensor) -> list[tuple[str, torch.Tensor]] | None:
+    """The tensors that hold ``t``'s bytes, each with the name that reaches it
+    from ``t``: a sparse tensor's index and value tensors (``_values``), a
+    traceable wrapper subclass's inner tensors (``qdata``; the wrapper has no
+    storage a kernel reads). None for a tensor that holds its own bytes."""
+    sparse = _SPARSE_PARTS.get(t.layout)
+    if sparse is not None:
+        return [(part, getattr(t, part)()) for part in sparse]
+    if is_traceable_wrapper_subclass(t):
+        inner_names, _ = t.__tensor_flatten__()
+        inner = [(n, getattr(t, n, None)) for n in inner_names]
+        return [(n, v) for n, v in inner if isinstance(v, torch.Tensor)]
+    return None
 
 
 def _is_opaque(obj: Any) -> bool:
@@ -183,20 +198,12 @@ class _Walker:
         if id(t) in self.seen_tensors:
             return
         self.seen_tensors.add(id(t))
-        parts = SPARSE_PARTS.get(t.layout)
-        if parts is not None:
-            for part in parts:
-                self.add(f"{name}.{part}", getattr(t, part)(), kind, depth)
-        elif is_traceable_wrapper_subclass(t):
-            # The wrapper has no storage to check: its inner tensors are
-            # what kernels read (see the module docstring).
-            inner_names, _ = t.__tensor_flatten__()
-            for inner in inner_names:
-                value = getattr(t, inner, None)
-                if isinstance(value, torch.Tensor):
-                    self.add(f"{name}.{inner}", value, kind, depth)
-        else:
+        parts = tensor_parts(t)
+        if parts is None:
             self.out.append(NamedTensor(name, t, kind))
+        else:  # named by what holds its bytes (see the module docstring)
+            for part_name, part in parts:
+                self.add(f"{name}.{part_name}", part, kind, depth)
         self.tensor_attrs.append((name, t, depth))
 
     def add_object(self, name: str, obj: torch.ScriptObject, kind: str) -> None:
