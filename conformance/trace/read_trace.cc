@@ -40,6 +40,11 @@ thread_local ReadTrace* tls_active = nullptr;
 // subclass's dispatch] must not record them.
 thread_local int tls_bookkeeping = 0;
 
+// > 0 inside an untraced stretch (Note [Code that is not the forward's
+// work] in read_trace.h), and the CPU allocation epoch at its start.
+thread_local int tls_untraced = 0;
+thread_local uint64_t tls_untraced_from = 0;
+
 struct Bookkeeping {
   Bookkeeping() { ++tls_bookkeeping; }
   ~Bookkeeping() { --tls_bookkeeping; }
@@ -55,13 +60,23 @@ struct OwnWork {
   Bookkeeping bookkeeping;
 };
 
+// The keys an op dispatched to the trace's key goes on with: the ones below
+// it, as every mode key's kernel in PyTorch redispatches. `ks` may still hold
+// keys above the trace's (PyTorch's Python dispatcher and pre-dispatch keys,
+// which torch.compile switches on while it traces): their kernels ran before
+// this one, and sending the op back to them breaks their state.
+c10::DispatchKeySet below_trace_key(c10::DispatchKeySet ks) {
+  return ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kTraceKey);
+}
+
 void trace_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                     torch::jit::Stack* stack) {
   ReadTrace* trace = tls_active;
-  if (trace == nullptr) {
-    // The key was included by someone else: stay out of the way.
+  if (trace == nullptr || tls_untraced > 0) {
+    // The key was included by someone else, or the call is not the traced
+    // code's work: stay out of the way.
     c10::impl::ExcludeDispatchKeyGuard off(kTraceKey);
-    op.redispatchBoxed(ks.remove(kTraceKey), stack);
+    op.redispatchBoxed(below_trace_key(ks), stack);
     return;
   }
   ReadTrace::dispatch(trace, op, ks, stack);
@@ -78,6 +93,31 @@ bool dispatch_goes_to_python(c10::DispatchKeySet ks) {
 }
 
 }  // namespace
+
+void begin_untraced() {
+  if (tls_untraced++ == 0) tls_untraced_from = cpu_allocation_epoch().value_or(0);
+}
+
+void end_untraced() {
+  if (tls_untraced == 0 || --tls_untraced > 0) return;
+  const uint64_t to = cpu_allocation_epoch().value_or(0);
+  if (to == tls_untraced_from) return;  // nothing allocated meanwhile
+  for (ReadTrace* t = tls_active; t != nullptr; t = t->previous_) {
+    if (t->active_) t->untraced_epochs_.emplace_back(tls_untraced_from, to);
+  }
+}
+
+bool untraced() {
+  return tls_untraced > 0;
+}
+
+UntracedScope::UntracedScope() {
+  begin_untraced();
+}
+
+UntracedScope::~UntracedScope() {
+  end_untraced();
+}
 
 // The trace's observation point: see Note [Why a mode-key fallback and not
 // RecordFunction] in the header.
@@ -198,7 +238,11 @@ bool ReadTrace::classify_read(const at::Tensor& t, c10::StorageImpl* impl) {
 bool ReadTrace::existed_before(const c10::Device& device, const void* storage_data) const {
   if (device.is_cpu() && storage_data != nullptr) {
     const auto epoch = cpu_allocation_epoch_of(storage_data);
-    return !(epoch && *epoch > start_epoch_);
+    if (!epoch || *epoch <= start_epoch_) return true;
+    // Made by code that was not the traced code's work: it lives on.
+    return std::any_of(untraced_epochs_.begin(), untraced_epochs_.end(), [&](const auto& range) {
+      return *epoch > range.first && *epoch <= range.second;
+    });
   }
   return true;
 }
@@ -394,7 +438,7 @@ struct ReadTrace::ObservedCall final : at::ObserverContext {
 namespace {
 
 std::unique_ptr<at::ObserverContext> observe_op_start(const at::RecordFunction& fn) {
-  if (tls_active == nullptr || tls_bookkeeping > 0) return nullptr;
+  if (tls_active == nullptr || tls_bookkeeping > 0 || tls_untraced > 0) return nullptr;
   if (!c10::impl::tls_is_dispatch_key_excluded(kTraceKey)) return nullptr;  // the fallback's
   const std::optional<c10::OperatorName> name = fn.operator_name();
   if (!name) return nullptr;
@@ -478,10 +522,10 @@ C10_ALWAYS_INLINE void ReadTrace::run_around(const c10::OperatorHandle& op, c10:
     if (nested) {
       // See Note [Inside a subclass's dispatch].
       ObserveInsidePython observe(dispatch_goes_to_python(ks));
-      op.redispatchBoxed(ks.remove(kTraceKey), stack);
+      op.redispatchBoxed(below_trace_key(ks), stack);
     } else {
       c10::impl::ExcludeDispatchKeyGuard off(kTraceKey);
-      op.redispatchBoxed(ks.remove(kTraceKey), stack);
+      op.redispatchBoxed(below_trace_key(ks), stack);
     }
   } catch (...) {
     for (size_t k = 0; k < count; ++k) --traces[k]->depth_;

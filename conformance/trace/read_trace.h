@@ -67,6 +67,19 @@
 // A trace opened while another is active on the same thread records the
 // same calls as the outer one; neither misses any.
 //
+// Note [Code that is not the forward's work]
+// A compiler that runs inside the traced scope (torch.compile tracing the
+// forward the first time it sees the trace's dispatch key, on fake tensors
+// with symbolic sizes) calls ops that are not the forward's: a captured graph
+// holds what the compiled code runs, not what compiling it ran. An
+// UntracedScope on the thread marks such a stretch: every trace of the
+// thread lets its calls pass unrecorded and uncounted (and reads nothing of
+// their arguments), and a CPU storage allocated during it counts as one that
+// existed before the trace (a constant the compiler made lives on, as a
+// weight does). The stretch is the caller's to mark: reloadsafe's Python
+// package marks torch.compile's compilations through Dynamo's compile
+// callbacks, which run on the thread that holds Dynamo's compile lock.
+//
 // The trace records, and only that: what it records is in trace_records.h,
 // when a retraced call is a captured one in call_match.h. Its owner may
 // extend it around each call through one CallHook (a capture holds every
@@ -162,6 +175,25 @@ class CallHook {
   virtual void top_level_end(const ReadTrace& /*trace*/, const c10::OperatorHandle& /*op*/,
                              c10::ArrayRef<c10::IValue> /*returns*/) {}
 };
+
+/// Marks, while alive, a stretch of the current thread whose ops are not
+/// the traced code's own (Note [Code that is not the forward's work]).
+/// Scopes nest. begin_untraced() and end_untraced() are the same as two
+/// calls, for callers that hear of the stretch's start and end separately
+/// (a compiler's callbacks); an end without a begin on the thread is
+/// ignored.
+class UntracedScope {
+ public:
+  UntracedScope();
+  ~UntracedScope();
+  UntracedScope(const UntracedScope&) = delete;
+  UntracedScope& operator=(const UntracedScope&) = delete;
+};
+void begin_untraced();
+void end_untraced();
+
+/// Whether the current thread is inside an untraced stretch.
+bool untraced();
 
 /// Records op calls on the current thread from construction until stop() or
 /// destruction. Not copyable or movable; stop it on the thread that made it.
@@ -298,6 +330,10 @@ class ReadTrace {
   // [Inside or before the scope] in read_trace.cc.
   std::vector<const c10::StorageImpl*> pending_;
   uint64_t start_epoch_ = 0;
+  // CPU allocation epochs (first, last] of the untraced stretches that ended
+  // while the trace was active (Note [Code that is not the forward's work]).
+  std::vector<std::pair<uint64_t, uint64_t>> untraced_epochs_;
+  friend void end_untraced();
   // Opaque objects seen, kept alive so that no identity is reused.
   std::vector<c10::IValue> objects_seen_;
 };

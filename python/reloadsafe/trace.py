@@ -49,6 +49,7 @@ from typing import Any
 import torch
 
 from ._loader import _C
+from .compiler import watch_compilations
 from .walk import named_objects, named_tensors
 
 __all__ = ["trace", "Trace", "TensorRead", "ObjectRead", "OpCall"]
@@ -140,6 +141,7 @@ class Trace:
         if self._entered:
             raise RuntimeError("reloadsafe.trace(): a trace is entered once; make a new one")
         self._entered = True
+        watch_compilations()  # a compilation inside the block is not the block's work
         self._native = _C.ReadTrace(self._nested)
         return self
 

@@ -46,6 +46,11 @@ void bind_trace(py::module_& m) {
   // The census, for check_reload's own memory rules (reloadsafe/state.py).
   m.def("live_tensor_bytes", &trace::live_tensor_bytes, py::arg("device"));
   m.def("take_peak_tensor_bytes", &trace::take_peak_tensor_bytes, py::arg("device"));
+  // Stretches of a traced thread that are not the traced code's work (a
+  // compiler's), for reloadsafe/compiler.py.
+  m.def("begin_untraced", &trace::begin_untraced);
+  m.def("end_untraced", &trace::end_untraced);
+  m.def("untraced", &trace::untraced);
   py::class_<TensorRead>(m, "TensorRead")
       .def_readonly("arg", &TensorRead::arg)
       .def_readonly("element", &TensorRead::element)

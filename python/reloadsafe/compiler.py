@@ -1,0 +1,50 @@
+"""torch.compile inside a traced forward.
+
+A function or module compiled with ``torch.compile`` compiles again the first
+time it runs under a trace: Dynamo's guards include the thread's dispatch
+keys, and a trace switches its own key on. What the compiler runs then
+(Dynamo's bytecode analysis, AOTAutograd and Inductor on fake tensors, with
+symbolic sizes under ``dynamic=True``) is not the forward's work, and a
+captured graph holds none of it. ``watch_compilations()`` marks every
+compilation as an untraced stretch (Note [Code that is not the forward's
+work] in conformance/trace/read_trace.h), through Dynamo's compile callbacks:
+the trace records what the compiled code runs, and what the compiler made
+and keeps (a constant) counts as state that existed before the forward, as
+a weight does.
+
+Dynamo compiles under one process-wide lock and runs its start and end
+callbacks on the compiling thread, so the stretch is that thread's.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from ._loader import _C
+
+__all__ = ["watch_compilations"]
+
+def _start(_args: Any) -> None:
+    _C.begin_untraced()
+
+
+def _end(_args: Any) -> None:
+    _C.end_untraced()
+
+
+def watch_compilations() -> None:
+    """Marks torch.compile's compilations as untraced stretches from now on
+    (idempotent; ``torch._dynamo.reset()`` drops every callback, so each
+    trace and check asks again). Only where Dynamo is already imported: code
+    that compiles has imported it (``torch.compile`` does), and a process
+    that never compiles pays nothing."""
+    if "torch._dynamo" not in sys.modules:
+        return
+    try:
+        from torch._dynamo.callback import callback_handler
+    except ImportError:  # a torch without compile callbacks: nothing to mark
+        return
+    if _start not in callback_handler.start_callbacks:
+        callback_handler.register_start_callback(_start)
+    if _end not in callback_handler.end_callbacks:
+        callback_handler.register_end_callback(_end)
