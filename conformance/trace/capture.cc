@@ -27,6 +27,28 @@ bool is_random(std::string_view op) {
                      [&](const char* s) { return op.find(s) != std::string_view::npos; });
 }
 
+// Ops that hand a tensor's values to the host, or make a result whose
+// shape depends on them: the only way a forward's later ops can follow the
+// values it computed (Note [An op sequence that follows the weights] in
+// conformance/harness/protocol.cc). Matched as op name prefixes.
+constexpr std::string_view kValueReadingOps[] = {"aten::_local_scalar_dense",
+                                                 "aten::item",
+                                                 "aten::is_nonzero",
+                                                 "aten::equal",
+                                                 "aten::allclose",
+                                                 "aten::nonzero",
+                                                 "aten::masked_select",
+                                                 "aten::unique",
+                                                 "aten::_unique",
+                                                 "aten::bincount",
+                                                 "aten::repeat_interleave"};
+
+bool reads_values_on_the_host(std::string_view op) {
+  return std::any_of(
+      std::begin(kValueReadingOps), std::end(kValueReadingOps),
+      [&](std::string_view prefix) { return op.substr(0, prefix.size()) == prefix; });
+}
+
 // The objects of one op, captured (`a`) and retraced (`b`).
 void compare_objects(const OpCall& a, const OpCall& b, const TensorNames& names, bool details,
                      std::vector<ReadChange>& out) {
@@ -48,8 +70,9 @@ void compare_reads(const OpCall& a, const OpCall& b, const TensorNames& names, b
   for (size_t j = 0; j < a.reads.size(); ++j) {
     const TensorRead& ra = a.reads[j];
     const TensorRead& rb = b.reads[j];
-    if (!ra.external) continue;                      // made by the forward: the graph's own memory
-    if (rb.external && ra.same_place(rb)) continue;  // the common case: no strings built
+    if (!ra.external) continue;  // made by the forward: the graph's own memory
+    if (ra.no_elements() && rb.no_elements()) continue;  // no byte read, before or after
+    if (rb.external && ra.same_place(rb)) continue;      // the common case: no strings built
     const std::string label = names.label(ra);
     const std::string where = ra.where(a.name);
     if (!rb.external) {
@@ -63,6 +86,31 @@ void compare_reads(const OpCall& a, const OpCall& b, const TensorNames& names, b
           ReadChange{label, std::move(c.what), std::move(c.before), std::move(c.after), where});
     }
   }
+}
+
+// Note [A made tensor under another object]
+// A replay maps each tensor the forward made to what the replay computed in
+// its place by the object the captured call returned. Some code hands the
+// next op another object over the same storage: torch.zeros, torch.arange,
+// torch.zeros_like and the other factories PyTorch's Python front end wraps
+// (torch/csrc/autograd/generated/variable_factories.h) return a fresh
+// TensorImpl over the op's result when anyone else holds that result (a
+// capture does), and a kernel may hand out a shallow copy. Such a tensor is
+// the result of the earlier call that made its storage, seen through
+// another object: the replay rebuilds it with its own sizes, strides, offset
+// and dtype over the storage the replay made in that call's place. It can
+// only when the replay's storage is laid out as the captured one (the same
+// byte size, the result at the same byte offset), which the same op on the
+// same shapes gives; otherwise the replay gives up and says which read.
+
+// A tensor over `storage` with `like`'s sizes, strides, offset and dtype,
+// made without an op (no trace sees it, no storage is touched).
+at::Tensor alias_on(const c10::Storage& storage, const at::Tensor& like) {
+  at::Tensor t =
+      at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage), like.key_set(), like.dtype());
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), like.strides(),
+                                                 like.storage_offset());
+  return t;
 }
 
 }  // namespace
@@ -210,13 +258,16 @@ CapturedForward::CapturedForward(const std::function<at::Tensor()>& forward)
 // before it runs anything.
 std::string CapturedForward::find_unmade_read() const {
   std::unordered_set<const c10::TensorImpl*> made;
+  // Storages of made tensors: Note [A made tensor under another object].
+  std::unordered_set<const c10::StorageImpl*> made_storages;
   for (const HeldCall& call : holder_->held()) {
     std::string unmade;
     for (const c10::IValue& v : call.inputs) {
       map_tensors(v, [&](const at::Tensor& t) -> at::Tensor {
         if (unmade.empty() && has_plain_storage(t) &&
             !trace_->classify(t.storage().unsafeGetStorageImpl()).value_or(true) &&
-            made.count(t.unsafeGetTensorImpl()) == 0) {
+            made.count(t.unsafeGetTensorImpl()) == 0 &&
+            made_storages.count(t.storage().unsafeGetStorageImpl()) == 0) {
           const std::string text = t.toString();
           unmade = text.substr(0, text.find('\n'));
         }
@@ -225,13 +276,19 @@ std::string CapturedForward::find_unmade_read() const {
     }
     if (!unmade.empty()) {
       return call.op.schema().name() + " reads a tensor the forward made without an op (" + unmade +
-             ")";
+             "): code outside PyTorch's dispatcher made it (torch.compile's Inductor kernels, a "
+             "C++ extension's own allocation), and a replay runs only what the trace saw; the "
+             "live forward is still compared with a cold load";
     }
+    auto note = [&](const at::Tensor& t) {
+      made.insert(t.unsafeGetTensorImpl());
+      if (has_plain_storage(t)) made_storages.insert(t.storage().unsafeGetStorageImpl());
+    };
     for (const c10::IValue& out : call.outputs) {
       if (out.isTensor()) {
-        made.insert(out.toTensor().unsafeGetTensorImpl());
+        note(out.toTensor());
       } else if (out.isTensorList()) {
-        for (const at::Tensor& t : out.toTensorList().vec()) made.insert(t.unsafeGetTensorImpl());
+        for (const at::Tensor& t : out.toTensorList().vec()) note(t);
       }
     }
   }
@@ -250,6 +307,7 @@ std::vector<CapturedRead> CapturedForward::reads(const TensorNames& names, bool 
   for (const OpCall& op : ops) {
     for (const TensorRead& r : op.reads) {
       if (!r.external) continue;
+      if (r.has_storage && r.no_elements()) continue;  // reads no byte: nothing a graph holds
       auto found = names.find(r);
       CapturedRead c{
           details ? r.where(op.name) : "", op.depth, names.label(r), found && found->declared,
@@ -342,7 +400,7 @@ std::vector<ReadChange> CapturedForward::compare(const Kept& retrace, const Tens
     const OpCall& b = kept[k];
     if (!same_op(a, b)) {
       // A graph replays the captured sequence: from here on nothing lines up.
-      out.push_back(ReadChange{"op sequence", "op " + std::to_string(i) + " changed",
+      out.push_back(ReadChange{kOpSequence, "op " + std::to_string(i) + " changed",
                                std::string(a.name) + " (depth " + std::to_string(a.depth) + ")",
                                std::string(b.name) + " (depth " + std::to_string(b.depth) + ")",
                                ""});
@@ -355,11 +413,48 @@ std::vector<ReadChange> CapturedForward::compare(const Kept& retrace, const Tens
     // A call past the captured ones has nothing to be checked against: it is
     // kept, and the first is kept[k].
     const std::string extra = before.size() < retrace.calls ? std::string(kept[k].name) : "(none)";
-    out.push_back(
-        ReadChange{"op sequence", "length changed", std::to_string(before.size()) + " ops",
-                   std::to_string(retrace.calls) + " ops (first new: " + extra + ")", ""});
+    out.push_back(ReadChange{kOpSequence, "length changed", std::to_string(before.size()) + " ops",
+                             std::to_string(retrace.calls) + " ops (first new: " + extra + ")",
+                             ""});
   }
   return out;
+}
+
+bool CapturedForward::follows_values(const CheckingRetrace& retrace,
+                                     const std::vector<OpCall>& other) const {
+  const size_t n = retrace.calls();
+  if (other.size() < n) return false;
+  const std::vector<OpCall>& captured = trace_->ops();
+  const std::vector<OpCall>& kept = retrace.kept();
+  const size_t first = other.size() - n;
+  // The first call that is not the captured one: before it, the capture
+  // must have read a value on the host, or nothing it computed could have
+  // chosen the ops after it.
+  size_t changed = std::min(n, captured.size());
+  for (size_t k = 0; k < kept.size(); ++k) {
+    const size_t i = retrace.position(k);
+    if (i >= captured.size() || !same_op(captured[i], kept[k])) {
+      changed = std::min(changed, i);
+      break;
+    }
+  }
+  if (!std::any_of(captured.begin(), captured.begin() + changed,
+                   [](const OpCall& op) { return reads_values_on_the_host(op.name); })) {
+    return false;
+  }
+  size_t k = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const OpCall* call = nullptr;
+    if (k < kept.size() && retrace.position(k) == i) {
+      call = &kept[k++];
+    } else if (i < captured.size()) {
+      call = &captured[i];  // dropped: the captured call at its position
+    } else {
+      return false;
+    }
+    if (!same_op(*call, other[first + i])) return false;
+  }
+  return true;
 }
 
 std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
@@ -373,7 +468,25 @@ std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
   }
   // Result objects of the capture -> what the replay computed in their place.
   std::unordered_map<const c10::TensorImpl*, at::Tensor> made;
+  // The storage of a captured result -> that result and the replay's in its
+  // place, for the first result on each storage (Note [A made tensor under
+  // another object]).
+  std::unordered_map<const c10::StorageImpl*, std::pair<at::Tensor, at::Tensor>> made_storages;
   std::string missing;
+  // `t` (made by the forward, not a captured result object) over the storage
+  // the replay made in its place; nothing where that storage is not laid out
+  // as the captured one.
+  auto under_another_object = [&](const at::Tensor& t) -> std::optional<at::Tensor> {
+    auto it = made_storages.find(t.storage().unsafeGetStorageImpl());
+    if (it == made_storages.end()) return std::nullopt;
+    const auto& [captured, replayed] = it->second;
+    if (!has_plain_storage(replayed) || replayed.storage().nbytes() != t.storage().nbytes() ||
+        replayed.storage_offset() * static_cast<int64_t>(replayed.itemsize()) !=
+            captured.storage_offset() * static_cast<int64_t>(captured.itemsize())) {
+      return std::nullopt;
+    }
+    return alias_on(replayed.storage(), t);
+  };
   auto map = [&](const at::Tensor& t) -> at::Tensor {
     if (t.defined() && !has_plain_storage(t)) {
       // A subclass tensor (or one without storage): the replayed result in
@@ -384,20 +497,25 @@ std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
     if (!has_plain_storage(t)) return t;
     if (trace_->classify(t.storage().unsafeGetStorageImpl()).value_or(true)) return t;
     auto it = made.find(t.unsafeGetTensorImpl());
-    if (it == made.end()) {
-      missing = t.toString();
-      return t;
-    }
-    return it->second;
+    if (it != made.end()) return it->second;
+    if (std::optional<at::Tensor> alias = under_another_object(t)) return *alias;
+    missing = t.toString();
+    return t;
   };
   auto map_value = [&](const c10::IValue& v) -> c10::IValue { return map_tensors(v, map); };
+  auto made_one = [&](const at::Tensor& captured, const at::Tensor& replayed) {
+    made[captured.unsafeGetTensorImpl()] = replayed;
+    if (has_plain_storage(captured)) {
+      made_storages.try_emplace(captured.storage().unsafeGetStorageImpl(), captured, replayed);
+    }
+  };
   auto remember = [&](const c10::IValue& captured, const c10::IValue& replayed) {
     if (captured.isTensor() && replayed.isTensor()) {
-      made[captured.toTensor().unsafeGetTensorImpl()] = replayed.toTensor();
+      made_one(captured.toTensor(), replayed.toTensor());
     } else if (captured.isTensorList() && replayed.isTensorList()) {
       const auto c = captured.toTensorList().vec();
       const auto r = replayed.toTensorList().vec();
-      for (size_t k = 0; k < c.size() && k < r.size(); ++k) made[c[k].unsafeGetTensorImpl()] = r[k];
+      for (size_t k = 0; k < c.size() && k < r.size(); ++k) made_one(c[k], r[k]);
     }
   };
 
@@ -405,9 +523,18 @@ std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
     torch::jit::Stack stack;
     stack.reserve(call.inputs.size());
     for (const c10::IValue& v : call.inputs) stack.push_back(map_value(v));
-    TORCH_INTERNAL_ASSERT(missing.empty(), call.op.schema().name(),
-                          " reads a tensor no earlier call made, which find_unmade_read let pass: ",
-                          missing.substr(0, missing.find('\n')));
+    if (!missing.empty()) {
+      // Made by an earlier call, whose replay laid its storage out otherwise
+      // (Note [A made tensor under another object]): the one case Note [A
+      // replay gives up before it runs an op] cannot rule out beforehand,
+      // since only running that call shows its layout. The calls before it
+      // have run; the same op on the same shapes lays its result out the
+      // same way, so this is a kernel whose allocation depends on more than
+      // its arguments.
+      *why = call.op.schema().name() + " reads a tensor made by an earlier op whose replay " +
+             "laid its storage out otherwise (" + missing.substr(0, missing.find('\n')) + ")";
+      return std::nullopt;
+    }
     {
       const ReplayState state(call.state);  // autocast, grad and inference mode as captured
       call.op.callBoxed(stack);
@@ -425,6 +552,9 @@ std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
   if (has_plain_storage(output_) &&
       trace_->classify(output_.storage().unsafeGetStorageImpl()).value_or(true)) {
     return output_;  // the forward returned a tensor it did not make
+  }
+  if (has_plain_storage(output_)) {
+    if (std::optional<at::Tensor> alias = under_another_object(output_)) return *alias;
   }
   *why = "the forward's result was not returned by a top-level op";
   return std::nullopt;

@@ -91,9 +91,12 @@ struct CapturedRead {
   Kind kind = Kind::kTensor;
 };
 
+/// ReadChange::tensor of a change in the op sequence.
+inline constexpr char kOpSequence[] = "op sequence";
+
 /// One way a retraced forward differs from its capture.
 struct ReadChange {
-  /// The read's name (TensorNames::label), or "op sequence".
+  /// The read's name (TensorNames::label), or kOpSequence.
   std::string tensor;
   /// A LocationChange's what ("address", "storage", "storage resized or
   /// moved", "layout"), or "now made inside the forward", "object
@@ -177,6 +180,20 @@ class CapturedForward {
                                   bool details = true) const;
   std::vector<ReadChange> compare(const CheckingRetrace& retrace, const TensorNames& names,
                                   bool details = true) const;
+
+  /// Whether the retrace's change of op sequence can follow the values the
+  /// forward computed, and does so in `other`: before the first call that
+  /// is not the captured one, the capture handed a tensor's values to the
+  /// host (item(), nonzero(), a comparison read as a bool: what Python
+  /// control flow reads), and the retrace called the ops the last calls of
+  /// `other` made (a full trace of another run of the forward; a cold
+  /// load's, whose load and post-processing come before its forward), in
+  /// order, each the same op at the same depth with as many reads and
+  /// objects (same_op), a call the retrace did not keep being the captured
+  /// call at its position. What tells a forward whose ops follow the
+  /// weights (Note [An op sequence that follows the weights] in
+  /// conformance/harness/protocol.cc) from one a reload changed.
+  bool follows_values(const CheckingRetrace& retrace, const std::vector<OpCall>& other) const;
 
   /// Replays the captured top-level ops against the held tensors. Returns
   /// the replayed output, or nothing with the reason in `why`.

@@ -83,6 +83,15 @@ struct TensorLocation {
   /// this place: same_place(of(t)), without making a location.
   bool is_place_of(const at::Tensor& t) const;
 
+  /// Whether the tensor has no elements: a kernel reads no byte of it
+  /// (an empty constant a compiler lifts into its graph).
+  bool no_elements() const {
+    for (int64_t d : sizes) {
+      if (d == 0) return true;
+    }
+    return false;
+  }
+
   /// Same offset, sizes, strides, dtype and device.
   bool same_layout(const TensorLocation& other) const;
 
