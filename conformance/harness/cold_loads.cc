@@ -94,4 +94,11 @@ at::Tensor ColdLoadOutputs::forward(int r, const Checkpoint& ckpt, const at::Ten
   return out;
 }
 
+std::vector<const void*> ColdLoadOutputs::kept_data() const {
+  std::vector<const void*> out;
+  out.reserve(kept_.size());
+  for (const auto& [r, kept] : kept_) out.push_back(kept.output.storage().data());
+  return out;
+}
+
 }  // namespace reloadsafe::harness

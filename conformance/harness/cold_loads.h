@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <vector>
 
 namespace reloadsafe::harness {
 
@@ -48,6 +49,10 @@ class ColdLoadOutputs {
 
   /// Bytes of the copies kept so far (the census discounts those made in its mode).
   int64_t kept_bytes() const { return kept_bytes_; }
+
+  /// Where each kept output's bytes start (counted by kept_bytes(), so the
+  /// census of the layers made aside leaves them out).
+  std::vector<const void*> kept_data() const;
 
  private:
   struct Kept {

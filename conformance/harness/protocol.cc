@@ -29,6 +29,7 @@ namespace {
 
 using trace::CapturedForward;
 using trace::CapturedRead;
+using trace::kOpSequence;
 using trace::TensorLocation;
 using trace::TensorNames;
 
@@ -174,6 +175,19 @@ void cold_load_and_warm_up(ReloadSubject& subject, const RunOptions& options, co
   // Engines run the forward before they capture; state it makes and keeps
   // (a workspace, a first-forward repack) belongs to the capture.
   subject.forward(x);
+  if (options.trace) {
+    // Note [A warm-up under the trace's key]
+    // Code that depends on the thread's dispatch keys runs otherwise under
+    // the trace, whose key is on: torch.compile's guards include the keys,
+    // so a compiled function compiles a variant of its own the first time
+    // it runs traced, and that variant's first run takes paths later runs
+    // do not (AOTAutograd's first call). An engine warms up every variant it
+    // captures; the protocol warms this one up too, under a trace that
+    // records nothing beyond the top-level calls and is dropped, so the
+    // capture sees what every later forward runs.
+    trace::ReadTrace warm_up(trace::ReadTrace::Options{/*nested=*/false, /*hook=*/nullptr});
+    subject.forward(x);
+  }
 }
 
 // One mode of the protocol, as its steps: start (cold load, warm-up,
@@ -324,7 +338,7 @@ class ModeRun {
   void check_forward_state(int r, const Checkpoint& ckpt) {
     const LayerState live = live_state();
     const at::Tensor x = input_.clone();  // the aside forward may write its input
-    const LayerState cold = subject_.cold_state(ckpt, /*loads=*/1, x);
+    const LayerState cold = aside([&] { return subject_.cold_state(ckpt, /*loads=*/1, x); });
     for (const StateDifference& d : state_differences(live, cold)) {
       if (!flagged_state_.insert(d.name).second) continue;
       sink_.add(r, d.name,
@@ -436,13 +450,15 @@ class ModeRun {
   // each name is flagged at the first reload where it differs.
   void check_state(int r, const Checkpoint& ckpt) {
     const LayerState live = live_state();
-    const LayerState cold = subject_.cold_state(ckpt, /*loads=*/1, /*forward_input=*/{});
+    const LayerState cold =
+        aside([&] { return subject_.cold_state(ckpt, /*loads=*/1, /*forward_input=*/{}); });
     const std::vector<StateDifference> differences = state_differences(live, cold);
     if (differences.empty()) return;
     if (!not_idempotent_) {
       // Asked once per mode, of the first checkpoint that shows a difference.
       not_idempotent_.emplace();
-      const LayerState twice = subject_.cold_state(ckpt, /*loads=*/2, /*forward_input=*/{});
+      const LayerState twice =
+          aside([&] { return subject_.cold_state(ckpt, /*loads=*/2, /*forward_input=*/{}); });
       for (const StateDifference& d : state_differences(twice, cold)) {
         not_idempotent_->insert(d.name);
       }
@@ -480,13 +496,25 @@ class ModeRun {
   void check_forward(int r, const Checkpoint& ckpt, const at::Tensor& replayed_graph) {
     at::Tensor out;
     bool replays_as_retraced = false;
+    bool follows_the_weights = false;
     if (options_.trace) {
       trace::CheckingRetrace retrace(*capture_.forward);
       out = subject_.forward(x_);
       retrace.stop();
       if (steps_.compare_forward_state) check_forward_state(r, ckpt);
       const bool details = sink_.listing();
-      for (trace::ReadChange& c : capture_.forward->compare(retrace, *capture_.names, details)) {
+      std::vector<trace::ReadChange> changes =
+          capture_.forward->compare(retrace, *capture_.names, details);
+      const auto sequence = std::find_if(changes.begin(), changes.end(),
+                                         [](const auto& c) { return c.tensor == kOpSequence; });
+      if (sequence != changes.end() && sequence_follows_the_weights(retrace, ckpt)) {
+        follows_the_weights = true;
+        warn_sequence_follows_the_weights(*sequence);
+        changes.erase(std::remove_if(changes.begin(), changes.end(),
+                                     [](const auto& c) { return c.tensor == kOpSequence; }),
+                      changes.end());
+      }
+      for (trace::ReadChange& c : changes) {
         sink_.add(r, std::move(c.tensor), std::move(c.what), std::move(c.before),
                   std::move(c.after), std::move(c.read));
       }
@@ -495,14 +523,14 @@ class ModeRun {
       out = subject_.forward(x_);
       if (steps_.compare_forward_state) check_forward_state(r, ckpt);
     }
-    const at::Tensor expected =
-        cold_loads_.forward(r, ckpt, x_, [&] { return subject_.cold_forward(ckpt, x_); });
+    const at::Tensor expected = cold_loads_.forward(
+        r, ckpt, x_, [&] { return aside([&] { return subject_.cold_forward(ckpt, x_); }); });
     const bool out_close = close(out, expected);
     if (!out_close) {
       sink_.add(r, "forward", "differs from a cold load of the same checkpoint", "cold load",
                 sink_.listing() ? max_diff(out, expected) : "");
     }
-    if (options_.trace) {
+    if (options_.trace && !follows_the_weights) {
       check_replay(r, expected, replays_as_retraced ? &out : nullptr, out_close);
     }
     if (replayed_graph.defined() && !close(replayed_graph, expected)) {
@@ -511,6 +539,44 @@ class ModeRun {
                 "reload abandoned, or a tensor the reload did not refill)",
                 "cold load", sink_.listing() ? max_diff(replayed_graph, expected) : "");
     }
+  }
+
+  // Note [An op sequence that follows the weights]
+  // Some forwards choose their ops by the values they compute: an MoE layer
+  // written with a loop over the experts that received tokens (Hugging
+  // Face's Qwen2-MoE and Mixtral) runs other ops when new weights route the
+  // tokens otherwise. Such a retrace differs from the capture in its op
+  // sequence after a correct reload. A CUDA graph cannot capture such a
+  // forward as one graph (it replays one sequence), so the change is no
+  // reload bug: it is a property of the forward, and the protocol tells the
+  // two apart by asking a cold load of the same checkpoint, traced, on the
+  // same input: if it runs the retrace's ops, and the capture read a value
+  // on the host before the first op that changed (without which no value
+  // could have chosen the ops: a reload that moved work from its
+  // post-processing into the forward changes ops from the first), the
+  // sequence follows the weights. The reads before the first changed op are still compared, and
+  // every named tensor's location; the replay of the capture (one routing)
+  // is not compared with a forward that routes otherwise. Otherwise the
+  // change is the reload's, and a violation.
+  bool sequence_follows_the_weights(const trace::CheckingRetrace& retrace, const Checkpoint& ckpt) {
+    const at::Tensor x = input_.clone();  // the aside forward may write its input
+    trace::ReadTrace cold;
+    aside([&] { return subject_.cold_forward(ckpt, x); });
+    cold.stop();
+    return capture_.forward->follows_values(retrace, cold.ops());
+  }
+
+  void warn_sequence_follows_the_weights(const trace::ReadChange& change) {
+    if (warned_sequence_) return;
+    warned_sequence_ = true;
+    report_.warnings.push_back(Warning{
+        std::string(kOpSequence), "",
+        "the forward's ops follow the weights' values (" + change.what + ": " + change.before +
+            " -> " + change.after +
+            ", and a cold load of the same checkpoint runs the same ops): control flow that "
+            "reads tensor values (an MoE loop over the experts that got tokens) cannot be "
+            "captured as one CUDA graph; named tensors and the reads before that op are "
+            "checked, the capture's replay is not"});
   }
 
   // `retraced`: the retraced forward's output, when the retrace made exactly
@@ -542,9 +608,40 @@ class ModeRun {
     }
   }
 
+  // Note [What the layers made aside keep]
+  // Each reload is compared with layers the protocol builds aside (cold
+  // loads, and the cold states of compare_state). A factory or a library
+  // that keeps every layer it builds (a module-level registry, a cache keyed
+  // by layer) keeps those alive too, which is a leak of theirs and not the
+  // reload's: a reload that keeps its memory must not be flagged for it. On
+  // the CPU the census tells the two apart by when a block was allocated:
+  // what the aside steps allocated and is still alive is counted apart
+  // (the kept cold-load outputs, counted already, left out), and its growth
+  // is a warning naming the layers made aside; the rest is the live layer's.
+  // Elsewhere (the device's allocator has no such record) it stays in the
+  // reload's count.
+  template <typename F>
+  auto aside(F&& step) -> decltype(step()) {
+    const std::optional<uint64_t> from = census_ ? trace::cpu_allocation_epoch() : std::nullopt;
+    auto out = step();
+    if (from) {
+      const uint64_t to = trace::cpu_allocation_epoch().value_or(*from);
+      if (to > *from) aside_epochs_.emplace_back(*from, to);
+    }
+    return out;
+  }
+
+  int64_t aside_live_bytes() const {
+    if (aside_epochs_.empty()) return 0;
+    return trace::live_cpu_bytes_allocated_in(aside_epochs_, cold_loads_.kept_data()).value_or(0);
+  }
+
   void record_memory() {
     if (auto bytes = trace::live_tensor_bytes(options_.device)) {
-      report_.memory_bytes.push_back(*bytes - (cold_loads_.kept_bytes() - kept_before_));
+      const int64_t made_aside = aside_live_bytes();
+      aside_bytes_.push_back(made_aside);
+      report_.memory_bytes.push_back(*bytes - (cold_loads_.kept_bytes() - kept_before_) -
+                                     made_aside);
     }
   }
 
@@ -554,6 +651,19 @@ class ModeRun {
   void check_memory() {
     const std::vector<int64_t>& bytes = report_.memory_bytes;
     if (bytes.size() < 3) return;
+    if (aside_bytes_.back() - aside_bytes_[1] > memory_tolerance_) {
+      report_.warnings.push_back(
+          Warning{"memory", "",
+                  "layers built aside (the check's cold loads) keep " +
+                      std::to_string(aside_bytes_.back() - aside_bytes_[1]) + " bytes alive over " +
+                      std::to_string(options_.reloads - 1) + " reloads (" +
+                      std::to_string(aside_bytes_[1]) + " B after reload 1 -> " +
+                      std::to_string(aside_bytes_.back()) + " B after reload " +
+                      std::to_string(options_.reloads) +
+                      ") after the check let go of them: the layer factory or a library keeps each "
+                      "layer it builds (a registry, a cache keyed by layer). Not counted as the "
+                      "reloads' growth; an engine that builds one layer does not grow with it"});
+    }
     const int64_t first = bytes[1];
     const int64_t last = bytes.back();
     if (last - first <= memory_tolerance_) return;
@@ -589,6 +699,9 @@ class ModeRun {
   std::unique_ptr<CapturedDeviceGraph> graph_;  // on a device: the captured graph
   bool replayed_once_ = false;  // a replay of the capture ran and returned an output
   int64_t kept_before_ = 0;
+  bool warned_sequence_ = false;                 // Note [An op sequence that follows the weights]
+  std::vector<trace::EpochRange> aside_epochs_;  // Note [What the layers made aside keep]
+  std::vector<int64_t> aside_bytes_;             // per record_memory(), what they keep
 };
 
 }  // namespace

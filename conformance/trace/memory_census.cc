@@ -102,6 +102,21 @@ class CountingCpuAllocator final : public c10::Allocator {
     return epoch_;
   }
 
+  int64_t live_bytes_allocated_in(const std::vector<EpochRange>& ranges,
+                                  const std::vector<const void*>& except) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    int64_t bytes = 0;
+    for (const auto& [data, block] : live_) {
+      // The first range that ends at or after the block's epoch.
+      auto it = std::lower_bound(ranges.begin(), ranges.end(), block.epoch,
+                                 [](const EpochRange& r, uint64_t e) { return r.second < e; });
+      if (it == ranges.end() || block.epoch <= it->first) continue;
+      if (std::find(except.begin(), except.end(), data) != except.end()) continue;
+      bytes += static_cast<int64_t>(block.n);
+    }
+    return bytes;
+  }
+
   std::optional<uint64_t> epoch_of(const void* data) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = live_.find(const_cast<void*>(data));
@@ -377,6 +392,12 @@ std::optional<int64_t> take_peak_tensor_bytes(const c10::Device& device) {
 std::optional<uint64_t> cpu_allocation_epoch() {
   if (!cpu_census_installed()) return std::nullopt;
   return CountingCpuAllocator::instance().epoch();
+}
+
+std::optional<int64_t> live_cpu_bytes_allocated_in(const std::vector<EpochRange>& ranges,
+                                                   const std::vector<const void*>& except) {
+  if (!cpu_census_installed()) return std::nullopt;
+  return CountingCpuAllocator::instance().live_bytes_allocated_in(ranges, except);
 }
 
 std::optional<uint64_t> cpu_allocation_epoch_of(const void* data) {

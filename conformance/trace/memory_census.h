@@ -68,6 +68,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <utility>
+#include <vector>
 
 namespace reloadsafe::trace {
 
@@ -104,6 +106,18 @@ std::optional<uint64_t> cpu_allocation_epoch();
 /// or nothing if the census does not know it (allocated outside any scope,
 /// or not by the CPU allocator).
 std::optional<uint64_t> cpu_allocation_epoch_of(const void* data);
+
+/// A stretch of CPU allocations: the epochs (first, last], as
+/// cpu_allocation_epoch() read before and after it.
+using EpochRange = std::pair<uint64_t, uint64_t>;
+
+/// Bytes held now by live CPU blocks the census counted that were allocated
+/// in one of `ranges` (sorted, disjoint), the blocks starting at an address
+/// in `except` left out; nothing outside any CpuCensusScope. What a stretch
+/// of work left alive, whenever it is asked: a block freed since, by a
+/// garbage collection or a cache that let go, is no longer counted.
+std::optional<int64_t> live_cpu_bytes_allocated_in(const std::vector<EpochRange>& ranges,
+                                                   const std::vector<const void*>& except = {});
 
 /// The byte freed CPU blocks are filled with in quarantine (see Note [Poison
 /// quarantine]).
