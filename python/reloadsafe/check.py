@@ -25,6 +25,7 @@ from torch.utils._device import DeviceContext, _device_constructors
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ._loader import _C
+from .compiler import watch_compilations
 from .errors import ReloadCheckError, ReloadViolation
 from .loading import (
     Checkpoint,
@@ -59,9 +60,10 @@ class ReloadReport:
     ``modes`` has the details per mode as plain dicts.
     """
 
-    def __init__(self, report: Any, options: Any) -> None:
+    def __init__(self, report: Any, options: Any, hint: str = "") -> None:
         self._report = report
         self._options = options
+        self._hint = hint
 
     @property
     def name(self) -> str:
@@ -83,8 +85,11 @@ class ReloadReport:
         return json.loads(self.json())["backends"][0]
 
     def table(self) -> str:
-        """The verdict table with every listed violation and warning."""
-        return _C.to_table([self._report])
+        """The verdict table with every listed violation and warning (and,
+        for a failed check whose load leaves a tensor in another layout than
+        the checkpoint's, a note saying so)."""
+        table = _C.to_table([self._report])
+        return f"{table}{self._hint}\n" if self._hint else table
 
     @property
     def modes(self) -> dict[str, dict[str, Any]]:
@@ -145,7 +150,7 @@ class _LayerSubject(_C.ReloadSubject):
             # starts from a copy of it, and the caller's module is left as it
             # is. Functions and closures are shared by deepcopy: pass a
             # factory when they hold tensors.
-            template = copy.deepcopy(layer)
+            template = _deep_copy(layer)
             self.factory: Callable[[], torch.nn.Module] = lambda: copy.deepcopy(template)
             default_name = type(layer).__name__
         elif callable(layer):
@@ -178,6 +183,7 @@ class _LayerSubject(_C.ReloadSubject):
         self.memory_tolerance_bytes = _whole_number("memory_tolerance_bytes", memory_tolerance_bytes, 0, example=4096)
         self.example_input = example_input
         self.module_caches: Caches = {}
+        self._layout_notes: list[str] | None = None
         # The module caches emptied from each mode's cold load to its
         # release, so each mode starts from empty caches and the process
         # gets back what they held (what the C++ harness does).
@@ -404,13 +410,10 @@ class _LayerSubject(_C.ReloadSubject):
         not an error here."""
         with torch.no_grad():
             self.load_fn(layer, ckpt)
-            self._check_loaded(layer, ckpt)
             if self.process_fn is not None:
                 self.process_fn(layer)
             else:
-                hook = getattr(layer, "process_weights_after_loading", None)
-                if callable(hook):
-                    hook()
+                process_weights_after_loading(layer)
             if check_meta:
                 self._check_no_meta(layer)
 
@@ -427,25 +430,41 @@ class _LayerSubject(_C.ReloadSubject):
                         "must give it memory, as reloadsafe.default_weight_loader does, before writing)"
                     )
 
-    def _check_loaded(self, layer: torch.nn.Module, ckpt: Checkpoint) -> None:
-        """After a load, every checkpoint tensor that names a parameter or
-        buffer is there in the checkpoint's shape and dtype."""
-        for name, t in ckpt.items():
-            target: torch.Tensor  # a Parameter or a buffer
-            try:
-                target = layer.get_parameter(name)
-            except AttributeError:
-                try:
-                    target = layer.get_buffer(name)
-                except AttributeError:
-                    continue
-            if target.shape != t.shape or target.dtype != t.dtype:
-                raise ReloadCheckError(
-                    f"check_reload: after load, '{name}' is {_layout(target)} but the checkpoint has "
-                    f"{_layout(t)}: the load function must write each checkpoint tensor into the layer "
-                    "in the checkpoint's layout (through the parameter's weight_loader), not replace "
-                    "it with a tensor of another shape or dtype; reshape or repack in post-processing"
-                )
+    def layout_notes(self) -> list[str]:
+        """Where a load leaves a parameter or buffer in another shape or dtype
+        than the checkpoint tensor of its name (the first checkpoint, loaded
+        into a new layer): a hint for a failure, never a refusal. An engine's
+        loader may pad (a vocabulary), pack (bitsandbytes) or quantize
+        (online FP8) in the load itself; what is judged is what the forward
+        reads after it."""
+        if self._layout_notes is None:
+            self._layout_notes = []
+            layer = self.new_layer()
+            with torch.no_grad():
+                self.load_fn(layer, self.first_checkpoint)
+            for name, t in self.first_checkpoint.items():
+                target = _parameter_or_buffer(layer, name)
+                if target is not None and (target.shape != t.shape or target.dtype != t.dtype):
+                    self._layout_notes.append(
+                        f"after load, '{name}' is {_layout(target)} where the checkpoint has {_layout(t)}"
+                    )
+        return self._layout_notes
+
+    def layout_hint(self) -> str:
+        """``layout_notes`` as a sentence for an error or a failed report,
+        or "" when every loaded tensor keeps the checkpoint's layout."""
+        try:
+            notes = self.layout_notes()
+        except Exception:  # the hint is for a failure already reported; it adds no second one
+            return ""
+        if not notes:
+            return ""
+        listed = "; ".join(notes[:3]) + (f"; and {len(notes) - 3} more" if len(notes) > 3 else "")
+        return (
+            "Note: " + listed + " (a loader may pad, pack or quantize into its parameter; "
+            "one that should not replaced the parameter with the checkpoint's tensor instead of "
+            "loading into it)"
+        )
 
     def run_forward(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
@@ -494,11 +513,13 @@ class _LayerSubject(_C.ReloadSubject):
             raise
         except Exception as e:
             stray = self._stray(layer, self.device) if layer is not None else ""
+            hint = self.layout_hint()
             raise ReloadCheckError(
                 f"check_reload: {self.name}: the {step} raised {type(e).__name__}: {e}. "
                 + (f"The layer mixes devices: {stray}. " if stray else "")
                 + f"Fix that step of the layer, or the example input (shape {tuple(x.shape)}, "
                 f"{x.dtype}), before checking reloads"
+                + (f". {hint}" if hint else "")
             ) from e
         finally:
             del layer
@@ -718,6 +739,48 @@ class _DefaultDeviceProbe(DeviceContext):
             if target_device is not None and target_device.type == self.weights.type:
                 return torch.zeros(args[0].shape, dtype=dtype, device=target_device)
         return func(*args, **kwargs)
+
+
+def process_weights_after_loading(layer: torch.nn.Module) -> None:
+    """The post-processing ``check_reload`` runs when given no ``process``,
+    as an engine's model loader runs it: vLLM's convention first (every
+    module, the layer itself included, whose ``quant_method`` has
+    ``process_weights_after_loading`` gets ``quant_method.
+    process_weights_after_loading(module)``), then the layer's own
+    ``process_weights_after_loading()`` if it has one."""
+    for module in layer.modules():
+        hook = getattr(getattr(module, "quant_method", None), "process_weights_after_loading", None)
+        if callable(hook):
+            hook(module)
+    own = getattr(layer, "process_weights_after_loading", None)
+    if callable(own):
+        own()
+
+
+def _parameter_or_buffer(layer: torch.nn.Module, name: str) -> torch.Tensor | None:
+    try:
+        return layer.get_parameter(name)
+    except AttributeError:
+        try:
+            return layer.get_buffer(name)
+        except AttributeError:
+            return None
+
+
+def _deep_copy(layer: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of ``layer``, or a ReloadCheckError telling to pass a
+    factory where the layer cannot be copied (vLLM's parameters take their
+    loader as a constructor argument, which deepcopy does not pass)."""
+    try:
+        return copy.deepcopy(layer)
+    except Exception as e:
+        kind = type(layer).__name__
+        raise ReloadCheckError(
+            f"check_reload: the layer ({kind}) cannot be deep-copied ({type(e).__name__}: {e}), and "
+            "every cold load needs a new layer: pass a factory that builds one instead of the module, "
+            f"e.g. check_reload(lambda: {kind}(...), ...), inside whatever context building it needs "
+            "(vLLM's set_current_vllm_config)"
+        ) from e
 
 
 def _layout(t: torch.Tensor) -> str:
@@ -946,9 +1009,11 @@ def check_reload(
             steps.reload_peak_budget_bytes = _whole_number(
                 "reload_peak_budget_bytes", reload_peak_budget_bytes, 0, example=1 << 20)
         options.steps = steps
+        watch_compilations()  # torch.compile's compilations are not the forward's work
         subject.preflight(device_clean=device_clean)
         report = _C.run_subject(subject, options)
-    return ReloadReport(report, options)
+        hint = "" if report.ok() else subject.layout_hint()
+    return ReloadReport(report, options, f"  {hint}" if hint else "")
 
 
 @contextlib.contextmanager
