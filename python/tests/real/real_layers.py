@@ -149,7 +149,7 @@ class BnbNf4InPlace(BnbNf4Rebuilt):
             self.qweight, self.quant_state = q, state
             return
         self.qweight.copy_(q)
-        _refill_quant_state(self.quant_state, state)
+        refill_quant_state(self.quant_state, state)
 
 
 # bitsandbytes Linear4bit itself: Params4bit quantizes when moved to a device.
@@ -177,7 +177,7 @@ class BnbLinear4bitRebuilt(_RealLayer):
         return self.lin(x) + self.bias
 
 
-def _first_forward_repacked(lin: torch.nn.Module) -> bool:
+def first_forward_repacked(lin: torch.nn.Module) -> bool:
     return bool(getattr(lin.weight.quant_state, "packing_format_for_cpu", False))
 
 
@@ -204,20 +204,20 @@ class BnbLinear4bitInPlace(BnbLinear4bitRebuilt):
             compress_statistics=weight.compress_statistics, quant_type=weight.quant_type,
             quant_storage=weight.quant_storage,
         )
-        if _first_forward_repacked(self.lin):
+        if first_forward_repacked(self.lin):
             q, state = bnbf._convert_weight_packed_for_cpu(q, state)
         weight.data.copy_(q.view(weight.dtype).reshape(weight.shape))
-        _refill_quant_state(weight.quant_state, state)
+        refill_quant_state(weight.quant_state, state)
 
 
-def _refill_quant_state(old: Any, new: Any) -> None:
+def refill_quant_state(old: Any, new: Any) -> None:
     """Copies every tensor of a bitsandbytes QuantState (absmax, code,
     offset, and the nested state2's) into the kept one."""
     for name, value in vars(new).items():
         if isinstance(value, torch.Tensor):
             getattr(old, name).copy_(value)
         elif type(value).__name__ == "QuantState":
-            _refill_quant_state(getattr(old, name), value)
+            refill_quant_state(getattr(old, name), value)
 
 
 # What Linear4bit's forward does on a CPU with AVX512-BF16 (not this

@@ -183,7 +183,7 @@ def test_real_linear4bit_first_forward_repack_where_the_cpu_has_it():
         layer.process_weights_after_loading()
         layer.eval()  # as an engine's loader leaves it: Linear4bit repacks only in inference
         layer(_input())
-    assert rl._first_forward_repacked(layer.lin)
+    assert rl.first_forward_repacked(layer.lin)
     assert _check(rl.BnbLinear4bitInPlace).ok
     assert not _check(rl.BnbLinear4bitRebuilt).ok
 

@@ -1,0 +1,324 @@
+"""Whole Hugging Face transformers models, built tiny from their configs (no
+hub, no download), reloaded the way an RL trainer's weight sync reloads
+them, for python/tests/real/test_real_models.py and bench/check_bench.py.
+
+A ``ModelCase`` is one ``check_reload`` call: an architecture (Llama with
+tied embeddings, Qwen3, Qwen2-MoE, Mixtral), how the model is built
+(eager, ``model.compile()`` with a backend, torchao int8 weight-only, or
+bitsandbytes 4-bit / 8-bit linears), how a checkpoint is loaded and
+post-processed, and what must be flagged (None for a correct reload):
+
+- ``load_state_dict``: every tensor copied into the parameter it names, as
+  ``model.load_state_dict(ckpt, strict=False)`` does (correct);
+- ``assign``: ``load_state_dict(..., assign=True)``, which binds the
+  checkpoint's tensors as the parameters: every address moves (a bug);
+- ``rope_rebuilt``: post-processing that recomputes the rotary embedding's
+  ``inv_freq`` buffer as a new tensor (a bug: the graph keeps the old one);
+- a quantized model's loader quantizes the dense checkpoint tensor into the
+  packed parameter of its name, in place (correct) or by binding a newly
+  quantized parameter (``requantized``, a bug), as vLLM's online
+  quantization does in its weight loaders.
+
+The libraries are imported where a model is built, so this module imports
+without them; ``need()`` skips a case whose library is missing.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+import reloadsafe
+
+from real_layers import first_forward_repacked, refill_quant_state
+
+VOCAB = 128
+#: the forward's input: token ids [batch 1, 8 tokens]
+SEQ = 8
+
+
+def input_ids(seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (1, SEQ), generator=torch.Generator().manual_seed(seed))
+
+
+def _config(arch: str) -> Any:
+    import transformers as tf
+
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    if arch == "llama":
+        return tf.LlamaConfig(**common, tie_word_embeddings=True)
+    if arch == "qwen3":
+        return tf.Qwen3Config(**common, head_dim=16)
+    if arch == "qwen2_moe":
+        return tf.Qwen2MoeConfig(**common, moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                                 num_experts=4, num_experts_per_tok=2)
+    if arch == "mixtral":
+        return tf.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2)
+    raise ValueError(f"unknown architecture {arch!r}")
+
+
+def build_dense(arch: str) -> torch.nn.Module:
+    """A new model of ``arch`` in float32, its initial weights from a fixed
+    seed, in eval mode."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    return tf.AutoModelForCausalLM.from_config(_config(arch)).eval()
+
+
+def forward(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    return model(ids).logits
+
+
+def dense_layouts(arch: str) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """The checkpoint of ``arch``: every parameter of the dense model (a tied
+    weight once), with its shape and dtype."""
+    return {n: (tuple(p.shape), p.dtype) for n, p in build_dense(arch).named_parameters()}
+
+
+def _linears(model: torch.nn.Module) -> list[tuple[str, torch.nn.Linear]]:
+    """The decoder's linear layers (attention and MLP projections, experts
+    kept as linears); the embedding and the LM head stay dense, as
+    quantized checkpoints keep them."""
+    return [(n, m) for n, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and ".layers." in f".{n}" and n.rsplit(".", 1)[-1] != "gate"]
+
+
+# --- loaders -----------------------------------------------------------------
+
+
+def load_state_dict(model: torch.nn.Module, ckpt: Mapping[str, torch.Tensor]) -> None:
+    model.load_state_dict(ckpt, strict=False)
+
+
+def load_assign(model: torch.nn.Module, ckpt: Mapping[str, torch.Tensor]) -> None:
+    model.load_state_dict({k: v.clone() for k, v in ckpt.items()}, strict=False, assign=True)
+
+
+def rebuild_rope(model: torch.nn.Module) -> None:
+    rope = model.model.rotary_emb
+    rope.register_buffer("inv_freq", rope.inv_freq.clone(), persistent=False)
+
+
+# torchao: every decoder linear's weight an Int8Tensor (Int8WeightOnlyConfig),
+# made in the factory from the initial weights; the loader quantizes each
+# dense checkpoint tensor the same way and refills the kept Int8Tensor's
+# inner tensors (or binds the new one).
+
+
+def _torchao_int8(weight: torch.Tensor) -> torch.Tensor:
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    lin = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    lin.weight.data = weight.detach().clone()
+    quantize_(lin, Int8WeightOnlyConfig())
+    return lin.weight
+
+
+def _refill(old: Any, new: Any) -> None:
+    if hasattr(old, "__tensor_flatten__"):
+        for name in old.__tensor_flatten__()[0]:
+            _refill(getattr(old, name), getattr(new, name))
+        return
+    old.copy_(new)
+
+
+def build_torchao(arch: str) -> torch.nn.Module:
+    model = build_dense(arch)
+    for _, lin in _linears(model):
+        lin.weight = torch.nn.Parameter(_torchao_int8(lin.weight), requires_grad=False)
+    return model
+
+
+def _load_quantized(model: torch.nn.Module, ckpt: Mapping[str, torch.Tensor],
+                    quantized: Callable[[torch.nn.Module, torch.Tensor, bool], None], rebind: bool) -> None:
+    """Every checkpoint tensor into the model: a decoder linear's weight
+    through ``quantized(linear, dense, rebind)``, the rest copied."""
+    linears = {f"{n}.weight": m for n, m in _linears(model)}
+    with torch.no_grad():
+        for name, t in ckpt.items():
+            if name in linears:
+                quantized(linears[name], t, rebind)
+            else:
+                model.get_parameter(name).copy_(t)
+
+
+def _torchao_into(lin: torch.nn.Module, dense: torch.Tensor, rebind: bool) -> None:
+    new = _torchao_int8(dense)
+    if rebind:
+        lin.weight = torch.nn.Parameter(new, requires_grad=False)
+    else:
+        _refill(lin.weight, new)
+
+
+def load_torchao(model: torch.nn.Module, ckpt: Mapping[str, torch.Tensor]) -> None:
+    _load_quantized(model, ckpt, _torchao_into, rebind=False)
+
+
+def load_torchao_requantized(model: torch.nn.Module, ckpt: Mapping[str, torch.Tensor]) -> None:
+    _load_quantized(model, ckpt, _torchao_into, rebind=True)
+
+
+# bitsandbytes: decoder linears replaced by Linear4bit (NF4) or Linear8bitLt
+# (LLM.int8 without outliers), quantized from the initial weights by the
+# parameters' own move to the device; the loader quantizes each dense
+# checkpoint tensor as the parameter does and copies the codes and scales
+# into the kept tensors (or binds a new parameter, quantized by .to()).
+
+
+def _bnb_linear(lin: torch.nn.Linear, bits: int, weight: torch.Tensor) -> torch.nn.Module:
+    import bitsandbytes as bnb
+
+    out_f, in_f = lin.weight.shape
+    if bits == 4:
+        new = bnb.nn.Linear4bit(in_f, out_f, bias=lin.bias is not None, compute_dtype=torch.float32,
+                                quant_type="nf4")
+        new.weight = bnb.nn.Params4bit(weight.detach().clone(), requires_grad=False, quant_type="nf4", module=new)
+    else:
+        new = bnb.nn.Linear8bitLt(in_f, out_f, bias=lin.bias is not None, has_fp16_weights=False, threshold=0.0)
+        new.weight = bnb.nn.Int8Params(weight.detach().clone(), requires_grad=False, has_fp16_weights=False)
+    if lin.bias is not None:
+        new.bias = torch.nn.Parameter(lin.bias.detach().clone(), requires_grad=False)
+    return new.to(weight.device)  # quantizes
+
+
+def build_bnb(arch: str, bits: int) -> torch.nn.Module:
+    model = build_dense(arch)
+    for name, lin in _linears(model):
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, _bnb_linear(lin, bits, lin.weight))
+    return model
+
+
+def _bnb4_into(lin: torch.nn.Module, dense: torch.Tensor, rebind: bool) -> None:
+    import bitsandbytes.functional as bnbf
+
+    if rebind:
+        lin.weight = _bnb_linear(torch.nn.Linear(dense.shape[1], dense.shape[0], bias=False), 4, dense).weight
+        return
+    w = lin.weight
+    q, state = bnbf.quantize_4bit(dense.contiguous(), blocksize=w.blocksize, compress_statistics=w.compress_statistics,
+                                  quant_type=w.quant_type, quant_storage=w.quant_storage)
+    if first_forward_repacked(lin):
+        # The layer's first forward repacked the weight for the CPU kernel
+        # (AVX512-BF16 CPUs): the new codes are repacked the same way.
+        q, state = bnbf._convert_weight_packed_for_cpu(q, state)
+    w.data.copy_(q.view(w.dtype).reshape(w.shape))
+    refill_quant_state(w.quant_state, state)
+
+
+def _bnb8_into(lin: torch.nn.Module, dense: torch.Tensor, rebind: bool) -> None:
+    import bitsandbytes.functional as bnbf
+
+    if rebind:
+        lin.weight = _bnb_linear(torch.nn.Linear(dense.shape[1], dense.shape[0], bias=False), 8, dense).weight
+        return
+    cb, scb, _ = bnbf.int8_vectorwise_quant(dense.contiguous())
+    lin.weight.data.copy_(cb)
+    # Before the first forward the scales are the parameter's; the first
+    # forward hands them to the layer's matmul state (Linear8bitLt.init_8bit_state).
+    scales = lin.weight.SCB if lin.weight.SCB is not None else lin.state.SCB
+    scales.copy_(scb)
+
+
+def load_bnb4(model, ckpt):
+    _load_quantized(model, ckpt, _bnb4_into, rebind=False)
+
+
+def load_bnb4_requantized(model, ckpt):
+    _load_quantized(model, ckpt, _bnb4_into, rebind=True)
+
+
+def load_bnb8(model, ckpt):
+    _load_quantized(model, ckpt, _bnb8_into, rebind=False)
+
+
+def load_bnb8_requantized(model, ckpt):
+    _load_quantized(model, ckpt, _bnb8_into, rebind=True)
+
+
+# --- the cases ------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCase:
+    name: str
+    arch: str
+    build: Callable[[], torch.nn.Module]
+    load: Callable[[torch.nn.Module, Mapping[str, torch.Tensor]], None] = load_state_dict
+    process: Callable[[torch.nn.Module], None] | None = None
+    #: None: a correct reload; else a name (prefix) that must be flagged
+    expected: str | None = None
+    library: str | None = None  # besides transformers
+    #: the dense checkpoint's layouts, drawn from (quantized models: the
+    #: parameters hold packed forms, not what a checkpoint holds)
+    dense_checkpoint: bool = False
+
+    def kwargs(self) -> dict[str, Any]:
+        """check_reload's arguments for this case (besides layer and input)."""
+        kw: dict[str, Any] = dict(load=self.load, forward=forward, name=self.name)
+        if self.process is not None:
+            kw["process"] = self.process
+        if self.dense_checkpoint:
+            layouts = dense_layouts(self.arch)
+            kw["make_checkpoint"] = lambda seed: reloadsafe.draw_checkpoint(layouts, seed)
+        return kw
+
+
+def _compiled(arch: str, backend: str) -> Callable[[], torch.nn.Module]:
+    def make() -> torch.nn.Module:
+        model = build_dense(arch)
+        model.compile(backend=backend)
+        return model
+
+    return make
+
+
+ARCHS = ("llama", "qwen3", "qwen2_moe", "mixtral")
+
+
+def cases() -> list[ModelCase]:
+    out: list[ModelCase] = []
+    for arch in ARCHS:
+        dense = lambda arch=arch: build_dense(arch)  # noqa: E731
+        out += [
+            ModelCase(f"{arch}", arch, dense),
+            ModelCase(f"{arch}-assign", arch, dense, load=load_assign, expected="model.embed_tokens.weight"),
+            ModelCase(f"{arch}-rope_rebuilt", arch, dense, process=rebuild_rope,
+                      expected="model.rotary_emb.inv_freq"),
+        ]
+    for backend in ("eager", "aot_eager", "inductor"):
+        out += [
+            ModelCase(f"llama-compiled-{backend}", "llama", _compiled("llama", backend)),
+            ModelCase(f"llama-compiled-{backend}-assign", "llama", _compiled("llama", backend), load=load_assign,
+                      expected="model.embed_tokens.weight"),
+        ]
+    q = "model.layers.0.self_attn.q_proj.weight"
+    out += [
+        ModelCase("llama-torchao", "llama", lambda: build_torchao("llama"), load=load_torchao,
+                  library="torchao", dense_checkpoint=True),
+        ModelCase("llama-torchao-requantized", "llama", lambda: build_torchao("llama"),
+                  load=load_torchao_requantized, expected=f"{q}.qdata", library="torchao", dense_checkpoint=True),
+        ModelCase("llama-bnb4", "llama", lambda: build_bnb("llama", 4), load=load_bnb4,
+                  library="bitsandbytes", dense_checkpoint=True),
+        ModelCase("llama-bnb4-requantized", "llama", lambda: build_bnb("llama", 4), load=load_bnb4_requantized,
+                  expected=q, library="bitsandbytes", dense_checkpoint=True),
+        ModelCase("llama-bnb8", "llama", lambda: build_bnb("llama", 8), load=load_bnb8,
+                  library="bitsandbytes", dense_checkpoint=True),
+        ModelCase("llama-bnb8-requantized", "llama", lambda: build_bnb("llama", 8), load=load_bnb8_requantized,
+                  expected=q, library="bitsandbytes", dense_checkpoint=True),
+    ]
+    return out
+
+
+def need(case: ModelCase) -> None:
+    """In a test: skip, naming the library, when ``case`` needs one that is
+    not installed."""
+    import pytest
+
+    pytest.importorskip("transformers", reason="whole-model checks need transformers (tools/setup.sh installs it)")
+    if case.library is not None:
+        pytest.importorskip(case.library, reason=f"{case.name} needs {case.library} (tools/setup.sh installs it)")

@@ -1,0 +1,411 @@
+"""The patterns real code brings to ``check_reload``, each reduced to a few
+lines of plain torch: compiled forwards, tensors a forward makes through a
+factory, loaders that leave a parameter padded, packed or already quantized,
+factories whose layers outlive the check, and vLLM's layer conventions.
+
+Each was a false alarm or an error where a verdict was due on real code
+(whole Hugging Face models, vLLM's own layers); the tests pin the right
+verdict, correct and buggy variants alike.
+"""
+import copy
+
+import pytest
+import torch
+
+from reloadsafe import ReloadCheckError, check_reload
+
+RELOADS = 3
+OUT, IN = 32, 64
+
+
+def _param(*shape, dtype=torch.float32):
+    return torch.nn.Parameter(torch.zeros(*shape, dtype=dtype), requires_grad=False)
+
+
+def _x(rows=8, cols=IN):
+    return torch.randn(rows, cols, generator=torch.Generator().manual_seed(0))
+
+
+def _warnings(report):
+    return [w for m in report.modes.values() for w in m["warnings"]]
+
+
+def _clean(report):
+    """ok, with no violation and no warning in any mode."""
+    assert report.ok, report.table()
+    assert not _warnings(report), report.table()
+
+
+# --- 1. torch.compile ------------------------------------------------------
+# Dynamo guards on the dispatch keys the trace switches on, so a compiled
+# function recompiles inside the captured forward; what the compiler runs
+# there (on fake tensors, with symbolic sizes under dynamic=True) is not the
+# forward's work and must not be recorded.
+
+
+def _amax(x):
+    return x.abs().amax(-1)
+
+
+class CompiledActScale(torch.nn.Module):
+    """vLLM's FP8 activation quantization in miniature: the forward calls a
+    function compiled apart from the layer (vLLM compiles it with
+    dynamic=True)."""
+
+    def __init__(self, dynamic, backend):
+        super().__init__()
+        self.weight = _param(OUT, IN)
+        self.act_scale = torch.compile(_amax, dynamic=dynamic, backend=backend)
+
+    def forward(self, x):
+        return (x @ self.weight.t()) * self.act_scale(x)[:, None]
+
+
+class ScaledLinear(torch.nn.Module):
+    """A linear layer whose post-processing derives a per-row scale: refilled
+    in place (correct) or, with ``rebuild``, bound anew on every reload."""
+
+    def __init__(self, rebuild=False):
+        super().__init__()
+        self.weight = _param(OUT, IN)
+        self.rebuild = rebuild
+        self.register_buffer("scale", torch.ones(OUT, 1))
+
+    def process_weights_after_loading(self):
+        scale = self.weight.abs().amax(-1, keepdim=True) + 1.0
+        if self.rebuild:
+            self.scale = scale
+        else:
+            self.scale.copy_(scale)
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self.weight) / self.scale.t()
+
+
+@pytest.mark.parametrize("dynamic", [True, False], ids=["dynamic", "static"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_forward_calling_a_compiled_function_passes(dynamic, backend):
+    torch._dynamo.reset()
+    report = check_reload(lambda: CompiledActScale(dynamic, backend), _x(), reloads=RELOADS)
+    _clean(report)
+
+
+def _compiled(rebuild, backend, how):
+    def make():
+        layer = ScaledLinear(rebuild)
+        if how == "method":  # nn.Module.compile(): in place, the names stay
+            layer.compile(backend=backend)
+            return layer
+        return torch.compile(layer, backend=backend)  # an OptimizedModule: names under _orig_mod.
+
+    return make
+
+
+@pytest.mark.parametrize("how", ["method", "wrapper"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_a_compiled_module_gets_its_eager_twins_verdicts(backend, how):
+    torch._dynamo.reset()
+    eager_ok = check_reload(lambda: ScaledLinear(False), _x(), reloads=RELOADS)
+    eager_bad = check_reload(lambda: ScaledLinear(True), _x(), reloads=RELOADS)
+    assert eager_ok.ok and not eager_bad.ok
+    report = check_reload(_compiled(False, backend, how), _x(), reloads=RELOADS)
+    assert report.ok, report.table()
+    assert not [w for w in _warnings(report) if "op sequence" in w["message"]], report.table()
+    bad = check_reload(_compiled(True, backend, how), _x(), reloads=RELOADS)
+    assert not bad.ok
+    prefix = "_orig_mod." if how == "wrapper" else ""
+    assert f"{prefix}scale" in bad.flagged, bad.table()
+    assert "op sequence" not in bad.flagged, bad.table()
+
+
+# --- 2. Tensors a forward makes through a factory ---------------------------
+# torch.zeros, torch.arange and torch.zeros_like return a new tensor object on
+# the storage the op made, so the captured call's result and the tensor the
+# next op reads are different objects over one storage.
+
+
+class PositionTable(torch.nn.Module):
+    """A forward that builds positions and a zero accumulator with
+    factories, as a transformer's forward builds its position ids, masks
+    and caches."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = _param(OUT, IN)
+        self.pos = _param(16, OUT)
+
+    def forward(self, x):
+        positions = torch.arange(x.shape[0], device=x.device)
+        acc = torch.zeros(x.shape[0], OUT, dtype=x.dtype, device=x.device)
+        acc += x @ self.weight.t()
+        mask = torch.ones_like(acc).triu()
+        return acc * mask + self.pos[positions]
+
+
+def test_a_forward_making_tensors_through_factories_is_replayed():
+    report = check_reload(PositionTable, _x(), reloads=RELOADS)
+    _clean(report)  # no "not replayed: ... made without an op"
+
+
+class StalePositionTable(PositionTable):
+    """The same forward reading ``pos`` through a copy kept outside the
+    module, refilled only at construction: only the replay of the capture
+    (and the live forward) see it."""
+
+    def __init__(self):
+        super().__init__()
+        self.kernel = [self.pos.detach().clone()]
+
+    def process_weights_after_loading(self):
+        self.kernel[0] = self.pos.detach().clone()  # rebuilt: the capture keeps the old one
+
+    def forward(self, x):
+        positions = torch.arange(x.shape[0], device=x.device)
+        return torch.zeros(x.shape[0], OUT) + x @ self.weight.t() + self.kernel[0][positions]
+
+
+def test_a_stale_read_behind_a_factory_made_tensor_is_flagged():
+    report = check_reload(StalePositionTable, _x(), reloads=RELOADS)
+    assert not report.ok
+    assert "kernel[0]" in report.flagged, report.table()
+
+
+# --- 3. Loads judged by what the forward reads -------------------------------
+# An engine's loader may leave a parameter padded, packed or already
+# quantized: the check must not require each checkpoint tensor to sit on the
+# parameter of its name in the checkpoint's shape and dtype.
+
+
+class PaddedVocab(torch.nn.Module):
+    """vLLM's VocabParallelEmbedding: 200 rows loaded into a [256, 64]
+    parameter, the padding zeroed by the loader."""
+
+    VOCAB, PADDED = 200, 256
+
+    def __init__(self):
+        super().__init__()
+        self.weight = _param(self.PADDED, IN)
+        self.weight.weight_loader = self._load
+
+    @staticmethod
+    def _load(param, loaded):
+        param.data[: loaded.shape[0]].copy_(loaded)
+        param.data[loaded.shape[0]:].zero_()
+
+    def forward(self, ids):
+        return torch.nn.functional.embedding(ids, self.weight)[:, :, :8].sum(-1)
+
+    @classmethod
+    def checkpoint(cls, seed):
+        g = torch.Generator().manual_seed(seed)
+        return {"weight": torch.randn(cls.VOCAB, IN, generator=g)}
+
+
+def test_a_padded_load_passes():
+    ids = torch.randint(0, PaddedVocab.VOCAB, (4, 8), generator=torch.Generator().manual_seed(0))
+    report = check_reload(PaddedVocab, ids, make_checkpoint=PaddedVocab.checkpoint, reloads=RELOADS)
+    _clean(report)
+
+
+class OnlineQuantized(torch.nn.Module):
+    """vLLM's online FP8 quantization: the loader quantizes the float
+    checkpoint into the parameter it already holds, transposed, so after
+    the load the parameter is float8 [in, out] beside a per-column scale."""
+
+    def __init__(self, rebuild=False):
+        super().__init__()
+        self.rebuild = rebuild
+        self.weight = torch.nn.Parameter(torch.zeros(IN, OUT, dtype=torch.float8_e4m3fn), requires_grad=False)
+        self.weight.weight_loader = self._load
+        self.register_buffer("weight_scale", torch.ones(OUT))
+
+    def _load(self, param, loaded):
+        scale = loaded.abs().amax(-1).clamp(min=1e-6) / 448.0
+        q = (loaded / scale[:, None]).to(torch.float8_e4m3fn).t()
+        if self.rebuild:
+            param.data = q.contiguous()  # a new storage on every load
+        else:
+            param.data.copy_(q)
+        self.weight_scale.copy_(scale)
+
+    def forward(self, x):
+        return (x @ self.weight.to(x.dtype)) * self.weight_scale
+
+    @staticmethod
+    def checkpoint(seed):
+        g = torch.Generator().manual_seed(seed)
+        return {"weight": torch.randn(OUT, IN, generator=g)}
+
+
+def test_a_load_that_quantizes_in_the_loader_passes_and_its_rebuilt_twin_is_flagged():
+    report = check_reload(OnlineQuantized, _x(), make_checkpoint=OnlineQuantized.checkpoint, reloads=RELOADS)
+    _clean(report)
+    bad = check_reload(lambda: OnlineQuantized(rebuild=True), _x(), make_checkpoint=OnlineQuantized.checkpoint,
+                       reloads=RELOADS)
+    assert not bad.ok and "weight" in bad.flagged, bad.table()
+
+
+class PackedNibbles(torch.nn.Module):
+    """bitsandbytes' Linear4bit in miniature: the parameter named like the
+    checkpoint's float weight holds packed 4-bit codes (uint8 [out*in/2, 1])
+    after the load, with the absmax beside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(OUT * IN // 2, 1, dtype=torch.uint8), requires_grad=False)
+        self.weight.weight_loader = self._load
+        self.register_buffer("absmax", torch.ones(OUT))
+
+    def _load(self, param, loaded):
+        absmax = loaded.abs().amax(-1).clamp(min=1e-6)
+        codes = ((loaded / absmax[:, None]) * 7 + 8).round().clamp(0, 15).to(torch.uint8).reshape(-1, 2)
+        param.data.copy_((codes[:, 0] << 4 | codes[:, 1]).reshape(-1, 1))
+        self.absmax.copy_(absmax)
+
+    def forward(self, x):
+        packed = self.weight.reshape(-1)
+        codes = torch.stack([packed >> 4, packed & 15], -1).reshape(OUT, IN).to(x.dtype)
+        return x @ (((codes - 8) / 7) * self.absmax[:, None]).t()
+
+    @staticmethod
+    def checkpoint(seed):
+        g = torch.Generator().manual_seed(seed)
+        return {"weight": torch.randn(OUT, IN, generator=g)}
+
+
+def test_a_load_that_packs_under_the_checkpoints_name_passes():
+    report = check_reload(PackedNibbles, _x(), make_checkpoint=PackedNibbles.checkpoint, reloads=RELOADS)
+    _clean(report)
+
+
+def test_a_failing_load_names_the_layout_it_left_as_a_hint():
+    class Broken(PackedNibbles):
+        def forward(self, x):
+            return x @ self.weight.t()  # reads the packed bytes as if they were the float weight
+
+    with pytest.raises(ReloadCheckError) as e:
+        check_reload(Broken, _x(), make_checkpoint=PackedNibbles.checkpoint, reloads=RELOADS)
+    assert "after load, 'weight' is uint8[1024, 1] where the checkpoint has float32[32, 64]" in str(e.value)
+
+
+# --- 4. Memory the check's own aside loads leave alive -----------------------
+
+
+_BUILT: list = []
+
+
+def _kept_by_a_registry():
+    layer = ScaledLinear()
+    _BUILT.append(layer)  # vLLM keeps every online-quantized layer in a module-level registry
+    return layer
+
+
+def test_layers_a_factory_keeps_alive_are_not_the_reloads_growth():
+    _BUILT.clear()
+    report = check_reload(_kept_by_a_registry, _x(), reloads=6)
+    try:
+        assert report.ok, report.table()
+        leaks = [w for w in _warnings(report) if w["tensor"] == "memory"]
+        assert leaks and "layers built aside" in leaks[0]["message"], report.table()
+    finally:
+        _BUILT.clear()
+
+
+class GrowingCache(ScaledLinear):
+    """A reload that keeps every post-processed scale it made."""
+
+    def __init__(self):
+        super().__init__()
+        self.history = []
+
+    def process_weights_after_loading(self):
+        super().process_weights_after_loading()
+        self.history.append(self.scale.clone())
+
+
+def test_a_reload_that_grows_is_still_flagged_when_the_factory_keeps_layers():
+    _BUILT.clear()
+
+    def make():
+        layer = GrowingCache()
+        _BUILT.append(layer)
+        return layer
+
+    try:
+        report = check_reload(make, _x(), reloads=6)
+        assert not report.ok and "memory" in report.flagged, report.table()
+    finally:
+        _BUILT.clear()
+
+
+# --- 5. vLLM's layer conventions ---------------------------------------------
+
+
+class VllmStyleParameter(torch.nn.Parameter):
+    """vLLM's BasevLLMParameter: a Parameter subclass whose constructor takes
+    the data and a keyword-only weight loader, which deepcopy cannot call."""
+
+    def __new__(cls, data, *, weight_loader):
+        return super().__new__(cls, data, requires_grad=False)
+
+    def __init__(self, data, *, weight_loader):
+        self._weight_loader = weight_loader
+
+    @property
+    def weight_loader(self):
+        return self._weight_loader
+
+
+def _copy_loader(param, loaded):
+    param.data.copy_(loaded)
+
+
+class QuantMethod:
+    """vLLM's QuantizeMethodBase: the post-processing hook is the quant
+    method's, called with the layer; here it builds the kernel's scale."""
+
+    def process_weights_after_loading(self, layer):
+        layer.cpu_scale = layer.weight.abs().amax(-1) + 1.0
+
+
+class VllmStyleLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = VllmStyleParameter(torch.zeros(OUT, IN), weight_loader=_copy_loader)
+        self.quant_method = QuantMethod()
+
+    def forward(self, x):
+        return (x @ self.weight.t()) / self.cpu_scale
+
+
+def test_a_module_that_cannot_be_deep_copied_is_told_to_pass_a_factory():
+    with pytest.raises(TypeError):
+        copy.deepcopy(VllmStyleLinear())
+    with pytest.raises(ReloadCheckError, match=r"cannot be deep-copied .*pass a factory") as e:
+        check_reload(VllmStyleLinear(), _x(), reloads=RELOADS)
+    assert "check_reload(lambda: " in str(e.value)
+
+
+def test_a_quant_methods_post_processing_runs_by_default():
+    report = check_reload(VllmStyleLinear, _x(), reloads=RELOADS)
+    # The quant method rebinds cpu_scale on every reload: flagged by name,
+    # where it used to be an AttributeError from the forward.
+    assert not report.ok and "cpu_scale" in report.flagged, report.table()
+
+
+class InPlaceQuantMethod:
+    def process_weights_after_loading(self, layer):
+        scale = layer.weight.abs().amax(-1) + 1.0
+        if hasattr(layer, "cpu_scale"):
+            layer.cpu_scale.copy_(scale)
+        else:
+            layer.cpu_scale = scale
+
+
+def test_a_quant_method_that_refills_in_place_passes():
+    def make():
+        layer = VllmStyleLinear()
+        layer.quant_method = InPlaceQuantMethod()  # type: ignore[assignment]
+        return layer
+
+    _clean(check_reload(make, _x(), reloads=RELOADS))
