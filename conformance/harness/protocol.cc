@@ -554,10 +554,10 @@ class ModeRun {
   // on the host before the first op that changed (without which no value
   // could have chosen the ops: a reload that moved work from its
   // post-processing into the forward changes ops from the first), the
-  // sequence follows the weights. The reads before the first changed op are still compared, and
-  // every named tensor's location; the replay of the capture (one routing)
-  // is not compared with a forward that routes otherwise. Otherwise the
-  // change is the reload's, and a violation.
+  // sequence follows the weights. The reads before the first changed op
+  // are still compared, and every named tensor's location; the replay of
+  // the capture (one routing) is not compared with a forward that routes
+  // otherwise. Otherwise the change is the reload's, and a violation.
   bool sequence_follows_the_weights(const trace::CheckingRetrace& retrace, const Checkpoint& ckpt) {
     const at::Tensor x = input_.clone();  // the aside forward may write its input
     trace::ReadTrace cold;
@@ -571,8 +571,8 @@ class ModeRun {
     warned_sequence_ = true;
     report_.warnings.push_back(Warning{
         std::string(kOpSequence), "",
-        "the forward's ops follow the weights' values (" + change.what + ": " + change.before +
-            " -> " + change.after +
+        "the forward's ops follow the weights' values (" + change.what +
+            (change.before.empty() ? "" : ": " + change.before + " -> " + change.after) +
             ", and a cold load of the same checkpoint runs the same ops): control flow that "
             "reads tensor values (an MoE loop over the experts that got tokens) cannot be "
             "captured as one CUDA graph; named tensors and the reads before that op are "

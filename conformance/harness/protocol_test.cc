@@ -50,21 +50,31 @@ class CountingSubject : public ReloadSubject {
     }
     w_.copy_(ckpt.at("w"));
     if (wrong_in_direct && mode == ReloadMode::kDirect) w_.add_(1.0);
+    if (keep_per_reload) kept.push_back(w_.clone());  // a history nobody reads
   }
   at::Tensor forward(const at::Tensor& x) override {
     if (first_forward_) first_inputs.push_back(x.clone());
     first_forward_ = false;
-    at::Tensor y = at::mm(x, w_.t());
+    at::Tensor y = routed(x, w_);
     if (write_input) x.add_(1.0);
     return scale_from_checkpoint ? at::mul(y, scale_of(w_)) : y;
   }
   at::Tensor cold_forward(const Checkpoint& ckpt, const at::Tensor& x) override {
     ++cold_forwards;
     const at::Tensor w = ckpt.at("w").clone();
+    if (keep_aside) kept.push_back(w);  // a registry of every layer built
     // Every cold forward's output in the one buffer the subject keeps.
     if (cold_output_buffer) return at::mm_out(out_buf_, x, w.t());
-    at::Tensor y = at::mm(x, w.t());
+    at::Tensor y = routed(x, w);
     return scale_from_checkpoint ? at::mul(y, scale_of(w)) : y;
+  }
+  // x @ w^T; with `route_by_sign`, then through a relu where w sums to a
+  // negative number: the ops follow the weights' values, as an MoE loop over
+  // the experts that got tokens does.
+  at::Tensor routed(const at::Tensor& x, const at::Tensor& w) const {
+    at::Tensor y = at::mm(x, w.t());
+    if (route_by_sign && at::sum(w).item<double>() < 0) y = at::relu(y);
+    return y;
   }
   // A number derived from the weights and handed to an op by value, as a
   // Python float computed in post-processing is: a graph keeps the captured one.
@@ -85,6 +95,10 @@ class CountingSubject : public ReloadSubject {
   bool scale_from_checkpoint = false;
   bool cold_output_buffer = false;
   bool write_input = false;            ///< the forward adds 1 to its input in place
+  bool keep_aside = false;             ///< every cold load's weight is kept (a registry)
+  bool keep_per_reload = false;        ///< every reload keeps a copy of the weight
+  bool route_by_sign = false;          ///< see routed()
+  std::vector<at::Tensor> kept;        ///< what keep_aside and keep_per_reload keep
   int rebuild_at = 0;                  ///< the reload (counted over both modes) that rebuilds w
   std::string reload_error;            ///< every reload throws this, if not empty
   bool reload_error_from_c10 = false;  ///< ... as a c10::Error (TORCH_CHECK)
@@ -107,6 +121,54 @@ RunOptions options(int reloads, bool trace) {
   o.reloads = reloads;
   o.trace = trace;
   return o;
+}
+
+// Note [What the layers made aside keep]: a subject that keeps every layer
+// it builds keeps the protocol's cold loads too; that is a warning naming
+// them, not the reloads' growth, which is still flagged beside it.
+TEST(Protocol, WhatTheLayersMadeAsideKeepIsAWarningNotTheReloadsGrowth) {
+  for (bool trace : {true, false}) {
+    SCOPED_TRACE(trace ? "traced" : "untraced");
+    CountingSubject subject;
+    subject.keep_aside = true;
+    const BackendReport report = run_subject(subject, options(6, trace));
+    EXPECT_TRUE(report.ok()) << to_table({report});
+    // The first mode builds the cold loads; the second reuses their outputs
+    // (Note [One cold load per checkpoint]) and builds nothing aside.
+    const std::vector<Warning>& warnings = report.modes.at(0).warnings;
+    const bool warned = std::any_of(warnings.begin(), warnings.end(), [](const Warning& w) {
+      return w.tensor == "memory" && w.message.find("layers built aside") != std::string::npos;
+    });
+    EXPECT_TRUE(warned) << to_table({report});
+    EXPECT_FALSE(subject.kept.empty());
+
+    CountingSubject growing;
+    growing.keep_aside = true;
+    growing.keep_per_reload = true;
+    const BackendReport grown = run_subject(growing, options(6, trace));
+    for (const ModeReport& m : grown.modes) {
+      EXPECT_TRUE(std::find(m.flagged.begin(), m.flagged.end(), "memory") != m.flagged.end())
+          << to_table({grown});
+    }
+  }
+}
+
+// Note [An op sequence that follows the weights]: a forward whose ops
+// depend on the values it reads on the host runs other ops after a correct
+// reload; a cold load of the same checkpoint runs them too. A warning, and
+// no replay of the capture (one routing) against it.
+TEST(Protocol, AnOpSequenceThatFollowsTheWeightsIsAWarningNotAViolation) {
+  CountingSubject subject;
+  subject.route_by_sign = true;
+  const BackendReport report = run_subject(subject, options(8, true));
+  EXPECT_TRUE(report.ok()) << to_table({report});
+  for (const ModeReport& m : report.modes) {
+    const bool warned = std::any_of(m.warnings.begin(), m.warnings.end(), [](const Warning& w) {
+      return w.tensor == "op sequence" &&
+             w.message.find("follow the weights' values") != std::string::npos;
+    });
+    EXPECT_TRUE(warned) << "no reload routed otherwise than the capture: " << to_table({report});
+  }
 }
 
 TEST(Protocol, TheSecondModeReusesTheFirstModesColdLoadsOfTheSameCheckpoints) {

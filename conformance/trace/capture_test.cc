@@ -494,6 +494,92 @@ TEST(CapturedForward, AReplayThatCannotRunEveryOpWritesNothing) {
   stashed().reset();
 }
 
+// Note [A made tensor under another object]: a factory's result handed to
+// the next op as a new tensor object over the same storage, as PyTorch's
+// Python factories do when the capture holds the op's result. The replay
+// runs, over the storage it made in that op's place, and still computes
+// with the weights the capture saw.
+TEST(CapturedForward, AMadeTensorHandedOnUnderAnotherObjectIsReplayed) {
+  at::Tensor w = at::randn({4});
+  const at::Tensor x = at::randn({4});
+  auto forward = [&] {
+    const at::Tensor made = at::zeros({4});
+    const at::Tensor other(made.unsafeGetTensorImpl()->shallow_copy_and_detach(
+        /*version_counter=*/c10::VariableVersion(0), /*allow_tensor_metadata_change=*/true));
+    return at::add(at::add(other, x), w.view({2, 2}).reshape({4}));
+  };
+  CapturedForward capture(forward);
+  std::string why;
+  std::optional<at::Tensor> replayed = capture.replay(&why);
+  ASSERT_TRUE(replayed.has_value()) << why;
+  EXPECT_TRUE(at::equal(*replayed, x + w));
+  w.mul_(3.0);  // refilled in place: the replay reads the new values
+  replayed = capture.replay(&why);
+  ASSERT_TRUE(replayed.has_value()) << why;
+  EXPECT_TRUE(at::allclose(*replayed, x + w));
+  const at::Tensor old = w.clone();
+  w = at::randn({4});  // rebuilt: the replay still reads the old tensor
+  replayed = capture.replay(&why);
+  ASSERT_TRUE(replayed.has_value()) << why;
+  EXPECT_TRUE(at::allclose(*replayed, x + old));
+}
+
+// A read of a tensor with no elements reads no byte: a compiler's empty
+// constant is no read a graph holds, and its place may change freely.
+TEST(CapturedForward, AReadOfNoElementsIsNoRead) {
+  at::Tensor empty = at::empty({0});
+  const at::Tensor w = at::randn({4});
+  auto forward = [&] { return at::cat({w, empty}); };
+  CapturedForward capture(forward);
+  TensorNames names({{"w", w, true}});
+  for (const CapturedRead& r : capture.reads(names)) EXPECT_EQ(r.name, "w");
+  empty = at::empty({0});
+  EXPECT_TRUE(retrace(capture, names, forward).changes.empty());
+}
+
+// Note [An op sequence that follows the weights] in protocol.cc: a change
+// of ops that another run of the forward repeats, after the capture read a
+// value on the host, follows the values; one with no value read before it
+// (work a reload moved from its post-processing into the forward) does not,
+// even where the other run's post-processing ran the same ops last.
+TEST(CapturedForward, AnOpSequenceFollowsValuesOnlyAfterAValueReadOnTheHost) {
+  at::Tensor w = at::ones({4, 4});
+  const at::Tensor x = at::randn({2, 4});
+  auto routed = [&] {
+    const at::Tensor y = at::mm(x, w.t());
+    return at::sum(w).item<double>() < 0 ? at::relu(y) : y;
+  };
+  CapturedForward capture(routed);
+  w.neg_();  // a new checkpoint's values
+  CheckingRetrace retrace(capture);
+  routed();
+  retrace.stop();
+  ReadTrace cold;
+  at::Tensor loaded = at::neg(at::ones({4, 4}));  // a cold load, then its forward
+  routed();
+  cold.stop();
+  EXPECT_TRUE(capture.follows_values(retrace, cold.ops()));
+  ReadTrace other_ops;
+  at::mm(x, w.t());
+  other_ops.stop();
+  EXPECT_FALSE(capture.follows_values(retrace, other_ops.ops())) << "another run ran other ops";
+
+  // Work moved from post-processing into the forward: the post-processing
+  // of the other run ends with the very ops the forward now runs first.
+  at::Tensor cached = w.t().contiguous();
+  auto lazy = [&] { return at::mm(x, cached.defined() ? cached : w.t().contiguous()); };
+  CapturedForward lazy_capture(lazy);
+  cached = at::Tensor();  // dropped by the reload, rebuilt by each forward
+  CheckingRetrace lazy_retrace(lazy_capture);
+  lazy();
+  lazy_retrace.stop();
+  ReadTrace lazy_cold;
+  cached = w.t().contiguous();  // the cold load's post-processing
+  lazy();
+  lazy_cold.stop();
+  EXPECT_FALSE(lazy_capture.follows_values(lazy_retrace, lazy_cold.ops()));
+}
+
 // A TorchBind object handed to its op from C++, as a backend holding a
 // c10::intrusive_ptr of its packed weights does: each call wraps the C++
 // instance in a new script object. The instance is the object.

@@ -253,5 +253,23 @@ TEST(ReuseCache, OneAtATime) {
   EXPECT_THROW(ReuseCache second, c10::Error);
 }
 
+// What a stretch of work left alive, asked whenever: a block freed since is
+// not counted, nor one outside the stretch or in the exceptions.
+TEST(MemoryCensus, LiveBytesAllocatedInAStretchAreWhatItLeftAlive) {
+  CpuCensusScope census;
+  const at::Tensor before = at::empty({256}, at::kByte);
+  const uint64_t from = cpu_allocation_epoch().value();
+  at::Tensor kept = at::empty({1024}, at::kByte);
+  at::Tensor freed = at::empty({2048}, at::kByte);
+  at::Tensor excepted = at::empty({4096}, at::kByte);
+  const uint64_t to = cpu_allocation_epoch().value();
+  const at::Tensor after = at::empty({512}, at::kByte);
+  const std::vector<EpochRange> stretch = {{from, to}};
+  EXPECT_EQ(live_cpu_bytes_allocated_in(stretch), 1024 + 2048 + 4096);
+  freed.reset();
+  EXPECT_EQ(live_cpu_bytes_allocated_in(stretch, {excepted.storage().data()}), 1024);
+  EXPECT_EQ(live_cpu_bytes_allocated_in({}), 0);
+}
+
 }  // namespace
 }  // namespace reloadsafe::trace

@@ -61,10 +61,10 @@ struct OwnWork {
 };
 
 // The keys an op dispatched to the trace's key goes on with: the ones below
-// it, as every mode key's kernel in PyTorch redispatches. `ks` may still hold
-// keys above the trace's (PyTorch's Python dispatcher and pre-dispatch keys,
-// which torch.compile switches on while it traces): their kernels ran before
-// this one, and sending the op back to them breaks their state.
+// it, as PyTorch's own mode keys redispatch (PythonTLSSnapshot, PreDispatch).
+// Keys above the trace's (the Python dispatcher's, which torch.compile
+// switches on while it traces) ran before it; a set that still holds one
+// must not send the op back there.
 c10::DispatchKeySet below_trace_key(c10::DispatchKeySet ks) {
   return ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kTraceKey);
 }

@@ -463,5 +463,55 @@ TEST(ReadTrace, SeesTheWeightInEveryOpAForwardHandsItTo) {
   }
 }
 
+// Note [Code that is not the forward's work]: a compiler running inside the
+// scope. Its ops are neither recorded nor counted, and what it allocated and
+// the traced code later reads counts as state from before the trace.
+TEST(ReadTrace, AnUntracedStretchIsNeitherRecordedNorCountedAndWhatItMadeLivesOn) {
+  const at::Tensor w = at::randn({4, 4});
+  ReadTrace trace;
+  at::Tensor before = at::neg(w);
+  at::Tensor constant;
+  {
+    UntracedScope compiling;
+    EXPECT_TRUE(untraced());
+    constant = at::mul(w, 2.0);  // an op the compiler runs, and a tensor it keeps
+    at::Tensor scratch = at::relu(w);
+  }
+  EXPECT_FALSE(untraced());
+  at::Tensor after = at::add(before, constant);
+  trace.stop();
+
+  std::vector<std::string> names;
+  for (const auto& op : trace.ops()) names.emplace_back(op.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"aten::neg", "aten::add.Tensor"}));
+  EXPECT_EQ(trace.calls(), 2u) << "an untraced call is not counted either";
+  const auto reads = reads_of(trace, "aten::add.Tensor");
+  ASSERT_EQ(reads.size(), 2u);
+  EXPECT_FALSE(reads[0].external) << "made by the traced code";
+  EXPECT_TRUE(reads[1].external) << "made while untraced: it lives on, as a weight does";
+}
+
+// begin_untraced/end_untraced are a scope split in two (a compiler's start
+// and end callbacks); an end without a begin changes nothing, so a stretch
+// that ended elsewhere cannot leave the thread untraced for good.
+TEST(ReadTrace, UntracedStretchesNestAndAnUnmatchedEndIsIgnored) {
+  end_untraced();
+  EXPECT_FALSE(untraced());
+  begin_untraced();
+  begin_untraced();
+  end_untraced();
+  EXPECT_TRUE(untraced());
+  end_untraced();
+  EXPECT_FALSE(untraced());
+  end_untraced();
+  EXPECT_FALSE(untraced());
+
+  const at::Tensor w = at::randn({4});
+  ReadTrace trace;
+  at::neg(w);
+  trace.stop();
+  EXPECT_EQ(trace.ops().size(), 1u);
+}
+
 }  // namespace
 }  // namespace reloadsafe::trace
