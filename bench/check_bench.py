@@ -12,13 +12,21 @@ with a per-row scale refilled in place), at N x N for each size:
   BM_OwnWork/fp8_linear/bytes:B/process_time               20 x (new layer + load + post-processing
                                                         + forward): the work of as many reloads
 
+and on a whole Hugging Face model (a tiny Llama built from its config,
+reloaded with load_state_dict, the forward returning the logits; skipped
+with its reason where transformers is missing):
+
+  BM_CheckReload/hf_llama/traced/process_time    check_reload(..., reloads=10), both modes
+  BM_CheckReload/hf_llama/untraced/process_time  the same with trace=False
+  BM_OwnWork/hf_llama/process_time               20 x (build the model + load_state_dict + forward)
+
 B is the checkpoint's bytes (2 N^2, bf16). Each benchmark runs in a fresh
 process of its own (see run_in_fresh_process), on one thread, and is judged
 by process CPU time (the JSON's cpu_time; real_time is the wall
 clock), which other processes on a shared machine do not inflate: the
 /process_time names tell bench/compare.py so. Targets (ratios within the run,
 of medians over repetitions): check_reload traced <= 3 x its own work at
-1024 x 1024, <= 2 x at 4096 x 4096.
+1024 x 1024, <= 2 x at 4096 x 4096, <= 2 x on the whole model.
 
 It speaks enough of Google Benchmark's command line and JSON for
 bench/compare.py (which runs it as it runs the C++ binaries: one repetition
@@ -30,6 +38,7 @@ per process, shuffled order) and bench/compare.py's targets:
   --benchmark_out=FILE --benchmark_out_format=json   --benchmark_display_aggregates_only=...
   --reloadsafe_targets_out=FILE                      the targets as JSON
   --reloadsafe_sizes=1024,4096                       the layer sizes N
+  --reloadsafe_models=hf_llama                       the whole models (empty: none)
   --reloadsafe_context_binary=PATH                   prints the machine context (the
                                                      launcher passes //bench:machine_context)
 
@@ -59,6 +68,7 @@ import reloadsafe
 RELOADS = 10  # check_reload's default; per mode
 UNITS = 2 * RELOADS  # own-work units: one per reload of both modes
 TARGETS = {1024: 3.0, 4096: 2.0}  # check_reload traced / own work, by N
+MODEL_TARGET = 2.0  # check_reload traced / own work, on a whole model
 
 
 class Fp8Linear(torch.nn.Module):
@@ -110,6 +120,79 @@ def own_work(n, ckpt, x, units=UNITS):
             reloadsafe.load_checkpoint(layer, ckpt)
             layer.process_weights_after_loading()
             layer(x)
+
+
+# --- a whole model ----------------------------------------------------------
+
+
+def llama():
+    """A tiny Llama (tied embeddings) from its config, weights from a fixed
+    seed, in eval mode."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        tie_word_embeddings=True)
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+def model_ids():
+    return torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(3))
+
+
+def model_load(model, ckpt):
+    model.load_state_dict(ckpt, strict=False)
+
+
+def model_forward(model, ids):
+    return model(ids).logits
+
+
+def check_model(trace):
+    report = reloadsafe.check_reload(llama, model_ids(), load=model_load, forward=model_forward,
+                                     reloads=RELOADS, trace=trace)
+    if not report.ok:
+        raise RuntimeError("check_reload did not pass:\n" + report.table())
+
+
+def model_own_work(ckpt, ids, units=UNITS):
+    """`units` x (build the model + load_state_dict + forward): what a plain
+    loop of the loads and forwards a check stands for costs."""
+    with torch.no_grad():
+        for _ in range(units):
+            model = llama()
+            model_load(model, ckpt)
+            model_forward(model, ids)
+
+
+MODELS = ("hf_llama",)
+
+
+def model_names(model):
+    return [f"BM_CheckReload/{model}/traced/process_time",
+            f"BM_CheckReload/{model}/untraced/process_time",
+            f"BM_OwnWork/{model}/process_time"]
+
+
+def model_benchmark(name):
+    traced, untraced, own = model_names("hf_llama")
+    if name == traced:
+        return lambda: check_model(True)
+    if name == untraced:
+        return lambda: check_model(False)
+    if name == own:
+        ckpt = {n: torch.randn(p.shape, generator=torch.Generator().manual_seed(1))
+                for n, p in llama().named_parameters()}
+        return functools.partial(model_own_work, ckpt, model_ids())
+    raise ValueError(f"no benchmark {name!r}")
+
+
+def model_warm_up():
+    model_own_work({n: p.detach().clone() for n, p in llama().named_parameters()}, model_ids(), units=1)
+    reloadsafe.check_reload(llama, model_ids(), load=model_load, forward=model_forward, reloads=1,
+                            modes=("normal",))
 
 
 def timed(fn, min_time):
@@ -176,8 +259,16 @@ def run_one(name, n, min_time):
     """The child's side of run_in_fresh_process: warm up, time `name`, print
     the result as one JSON line."""
     torch.set_num_threads(1)
-    fn = benchmark(name, n)
-    warm_up([n])
+    try:
+        if n == 0:  # a whole model
+            fn = model_benchmark(name)
+            model_warm_up()
+        else:
+            fn = benchmark(name, n)
+            warm_up([n])
+    except ImportError as e:  # transformers missing: the benchmark's error, with its reason
+        print(json.dumps({"error": f"{name} needs transformers (tools/setup.sh installs it): {e}"}))
+        return 0
     try:
         iterations, real, cpu = timed(fn, min_time)
         print(json.dumps({"iterations": iterations, "real": real, "cpu": cpu}))
@@ -223,6 +314,15 @@ def target_rows(medians, sizes):
                      "bytes": b, "value": value, "bound": TARGETS[n], "comparison": "<=",
                      "unit": "ratio", "met": value <= TARGETS[n],
                      "benchmark": f"BM_CheckReload/fp8_linear/traced/bytes:{b}/process_time"})
+    for model in MODELS:
+        traced, _, own_name = model_names(model)
+        check_t, own = medians.get(traced), medians.get(own_name)
+        if check_t is None or own is None:
+            continue
+        value = check_t / own
+        rows.append({"description": f"check_reload traced / 20 x own work ({model}, whole model)",
+                     "bytes": 0, "value": value, "bound": MODEL_TARGET, "comparison": "<=",
+                     "unit": "ratio", "met": value <= MODEL_TARGET, "benchmark": traced})
     return rows
 
 
@@ -238,6 +338,7 @@ def parse(argv):
     p.add_argument("--benchmark_out_format", default="json", choices=["json"])
     p.add_argument("--reloadsafe_targets_out")
     p.add_argument("--reloadsafe_sizes", default="1024,4096")
+    p.add_argument("--reloadsafe_models", default=",".join(MODELS))
     p.add_argument("--reloadsafe_context_binary")
     p.add_argument("--reloadsafe_executable", default="check_bench", help=argparse.SUPPRESS)
     p.add_argument("--reloadsafe_run_one", help=argparse.SUPPRESS)  # see run_in_fresh_process
@@ -261,9 +362,16 @@ def main(argv=None):
         "check_bench_python": sys.version.split()[0],
         "torch_version": torch.__version__,
         "reloadsafe_references": ";".join(
-            f"BM_CheckReload/fp8_linear/{m}/=BM_OwnWork/fp8_linear/" for m in ("traced", "untraced")),
+            f"BM_CheckReload/{layer}/{m}/=BM_OwnWork/{layer}/"
+            for layer in ("fp8_linear", *MODELS) for m in ("traced", "untraced")),
     })
-    selected = [(name, n) for n in sizes for name in names(n)
+    models = [m for m in args.reloadsafe_models.split(",") if m]
+    unknown = sorted(set(models) - set(MODELS))
+    if unknown:
+        raise SystemExit(f"check_bench: unknown model(s) {unknown}; the models are {list(MODELS)}")
+    candidates = [(name, n) for n in sizes for name in names(n)]
+    candidates += [(name, 0) for m in models for name in model_names(m)]  # n == 0: a whole model
+    selected = [(name, n) for name, n in candidates
                 if not args.benchmark_filter or re.search(args.benchmark_filter, name)]
     runs = [(name, n, rep) for rep in range(args.benchmark_repetitions) for name, n in selected]
     if args.benchmark_enable_random_interleaving.lower() in ("true", "1", "yes"):
@@ -300,6 +408,12 @@ def main(argv=None):
             t = medians.get(f"BM_CheckReload/fp8_linear/{mode}/bytes:{b}/process_time")
             if own and t:
                 print(f"  check_reload {mode:<8} / 20 x own work, {n} x {n}: {t / own:.2f}")
+    for model in models:
+        own = medians.get(f"BM_OwnWork/{model}/process_time")
+        for mode in ("traced", "untraced"):
+            t = medians.get(f"BM_CheckReload/{model}/{mode}/process_time")
+            if own and t:
+                print(f"  check_reload {mode:<8} / 20 x own work, {model}: {t / own:.2f}")
     print(f"\nTargets ({basis}):")
     for t in targets:
         print(f"  {'met' if t['met'] else 'MISSED':<7} {t['value']:10.2f}  <= {t['bound']:.2f}  "

@@ -10,7 +10,8 @@
 # - A lint environment ($CACHE/venv-lint) with ruff and mypy, pinned.
 # - A Python environment in the cache ($CACHE/venv) with torch $TORCH_VERSION
 #   (the official CUDA build), pytest and numpy from the Python package
-#   registry, and torchao and bitsandbytes (pinned, for python/tests/real).
+#   registry, torchao and bitsandbytes (pinned, for python/tests/real) and
+#   transformers (pinned: whole models built from configs).
 #   Its torch package is also the LibTorch the C++ build links
 #   (third_party/libtorch/libtorch.bzl), and its nvidia-* packages are the CUDA
 #   runtime libraries LibTorch loads. RELOADSAFE_LIBTORCH=<dir> builds the C++
@@ -93,9 +94,15 @@ for spec in sys.argv[1:]:
 PY
 }
 
+# Whole Hugging Face models for python/tests/real/test_real_models.py and the
+# whole-model benchmark: transformers builds tiny models from their configs
+# (no hub, no download). Installed with its dependencies (tokenizers,
+# safetensors, huggingface-hub; none of them is torch), pinned.
+MODEL_PACKAGES=(transformers==5.25.0)
+
 # Both take the environment as an optional argument (default: $VENV).
 quant_libraries_ready() {
-  packages_present "${1:-$VENV}/bin/python" "${QUANT_PACKAGES[@]}" numpy packaging
+  packages_present "${1:-$VENV}/bin/python" "${QUANT_PACKAGES[@]}" numpy packaging "${MODEL_PACKAGES[@]}"
 }
 
 install_quant_libraries() {
@@ -106,7 +113,9 @@ install_quant_libraries() {
   fi
   say "quantization libraries: installing ${QUANT_PACKAGES[*]} into $venv (--no-deps, for python/tests/real)"
   "$venv/bin/python" -m pip install -q --progress-bar on --no-deps "${QUANT_PACKAGES[@]}"
-  quant_libraries_ready "$venv" || die "the Python environment in $venv lacks ${QUANT_PACKAGES[*]} (or numpy, packaging) after installing"
+  say "model library: installing ${MODEL_PACKAGES[*]} into $venv (for python/tests/real)"
+  "$venv/bin/python" -m pip install -q --progress-bar on "${MODEL_PACKAGES[@]}"
+  quant_libraries_ready "$venv" || die "the Python environment in $venv lacks ${QUANT_PACKAGES[*]}, ${MODEL_PACKAGES[*]} (or numpy, packaging) after installing"
 }
 
 # Earlier set-ups unpacked a separate LibTorch and CUDA runtime into the

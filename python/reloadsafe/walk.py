@@ -164,12 +164,13 @@ def tensor_parts(t: torch.Tensor) -> list[tuple[str, torch.Tensor]] | None:
     return None
 
 
-def _is_opaque(obj: Any) -> bool:
-    if isinstance(obj, _OPAQUE):
+def _is_opaque(cls: type) -> bool:
+    """Whether objects of type ``cls`` are walked no further."""
+    if issubclass(cls, _OPAQUE):
         return True
     # torch.ops packets and overloads, torch.library objects, etc.: C++-backed
     # objects whose attributes lead into torch itself.
-    module = getattr(type(obj), "__module__", "") or ""
+    module = getattr(cls, "__module__", "") or ""
     return module.startswith(("torch._ops", "torch._C", "torch.library", "torch._library"))
 
 
@@ -251,49 +252,55 @@ class _Walker:
                 self.value(_join(n, an), value, 0, "attribute")
 
     def value(self, name: str, obj: Any, depth: int, kind: str) -> None:
-        if isinstance(obj, (int, float)) and not isinstance(obj, bool):
+        # By the object's own type, never its __class__: an object whose
+        # __getattribute__ does work (transformers' configs, which every
+        # layer of a model holds) is asked nothing to be classified.
+        cls = type(obj)
+        if issubclass(cls, (int, float)) and cls is not bool:
             self.numbers.append((name, obj))
             return
-        if isinstance(obj, torch.Tensor):
+        if id(obj) in self.entered:  # an object, container or module walked already
+            return
+        if issubclass(cls, torch.Tensor):
             self.add(name, obj, kind, depth)
             return
-        if isinstance(obj, torch.ScriptObject):
+        if issubclass(cls, torch.ScriptObject):
             self.add_object(name, obj, kind)
             return
-        if isinstance(obj, torch.nn.Module):
+        if issubclass(cls, torch.nn.Module):
             self.module(name, obj)  # a module held outside _modules
             return
-        if _is_opaque(obj) or depth >= self.max_depth or id(obj) in self.entered:
+        if _is_opaque(cls) or depth >= self.max_depth:
             return
         self.entered.add(id(obj))
         d = depth + 1
-        if isinstance(obj, (dict, types.MappingProxyType)):
+        if issubclass(cls, (dict, types.MappingProxyType)):
             for k, v in list(obj.items()):
                 self.value(name + _key(k), v, d, "container")
-        elif isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
+        elif issubclass(cls, tuple) and hasattr(cls, "_fields"):  # a namedtuple
             for f in obj._fields:
                 self.value(f"{name}.{f}", getattr(obj, f), d, "container")
-        elif isinstance(obj, (list, tuple)):
+        elif issubclass(cls, (list, tuple)):
             for i, v in enumerate(obj):
                 self.value(f"{name}[{i}]", v, d, "container")
-        elif isinstance(obj, (set, frozenset)):
+        elif issubclass(cls, (set, frozenset)):
             for v in obj:
                 if isinstance(v, torch.Tensor):
                     self.value(f"{name}{{{id(v):#x}}}", v, d, "container")
-        elif isinstance(obj, functools.partial):
+        elif issubclass(cls, functools.partial):
             self.value(f"{name}.func", obj.func, d, "partial")
             for i, v in enumerate(obj.args):
                 self.value(f"{name}.args[{i}]", v, d, "partial")
             for k, v in (obj.keywords or {}).items():
                 self.value(f"{name}.keywords[{k!r}]", v, d, "partial")
             self.attributes(name, obj, d)
-        elif isinstance(obj, types.MethodType):
+        elif issubclass(cls, types.MethodType):
             if isinstance(obj.__func__, types.FunctionType):
                 self.function(name, obj.__func__, d)
             else:  # any callable bound as a method (torchao binds a functools.partial)
                 self.value(f"{name}.__func__", obj.__func__, d, "object")
             self.value(f"{name}.__self__", obj.__self__, d, "object")
-        elif isinstance(obj, types.FunctionType):
+        elif issubclass(cls, types.FunctionType):
             self.function(name, obj, d)
         else:
             self.attributes(name, obj, d)
