@@ -844,7 +844,9 @@ def check_reload(
     A checkpoint is loaded by ``load(layer, checkpoint)`` (default: through
     each parameter's ``weight_loader(param, tensor)``, or a copy in the
     checkpoint's layout); then ``process(layer)`` runs (default:
-    ``layer.process_weights_after_loading()`` if it has one); the forward is
+    ``process_weights_after_loading(layer)``: each module's
+    ``quant_method.process_weights_after_loading(module)``, then
+    ``layer.process_weights_after_loading()``, where they exist); the forward is
     ``forward(layer, x)`` (default: ``layer(x)``) on ``example_input`` (a
     tensor, or a function of a seed). Checkpoints come from
     ``make_checkpoint(seed)`` or are drawn from the fresh layer's parameters
@@ -952,11 +954,21 @@ def check_reload(
     without a device (``t.item()``), or runs an op with no meta kernel on
     one, raises ``ReloadCheckError`` saying the probe cannot follow it.
 
-    Bad input (not a module, a forward or load that raises, a layer without
-    parameters, a load that changes shapes, a parameter that is not dense
-    (mkldnn, sparse, quantized) with no ``make_checkpoint``, a tensor left on
-    the meta device, ``reloads``/``seed`` that are not whole numbers) raises
-    ``ReloadCheckError`` naming what to fix.
+    Bad input (not a module, a module that cannot be deep-copied, a forward
+    or load that raises, a layer without parameters, a parameter that is not
+    dense (mkldnn, sparse, quantized) with no ``make_checkpoint``, a tensor
+    left on the meta device, ``reloads``/``seed`` that are not whole numbers)
+    raises ``ReloadCheckError`` naming what to fix. A load may leave a
+    parameter in another layout than the checkpoint's (padded, packed,
+    quantized in the loader): what the forward reads is judged, and a failed
+    check notes each such layout.
+
+    Real code (docs/real-code.md): what torch.compile does while compiling
+    is left out of the trace; with no ``process``, vLLM's
+    ``quant_method.process_weights_after_loading(module)`` runs for every
+    module that has one, then the layer's own hook; a forward whose ops
+    follow the weights (an MoE loop over the experts that got tokens) and
+    memory that the layers the check builds aside keep alive are warnings.
 
     On CUDA (``device="cuda"``) the protocol runs on the device, and its
     graph step captures the forward as a CUDA graph once and replays it right
