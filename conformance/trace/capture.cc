@@ -22,7 +22,20 @@ constexpr const char* kRandomOps[] = {"rand",        "normal",   "bernoulli",   
                                       "multinomial", "uniform_", "exponential_", "geometric_",
                                       "cauchy_",     "random_"};
 
+// Dropout's front ends take `train` as an argument: in eval mode (every
+// model an engine serves, GPT-2's among them) they return their input and
+// draw nothing. When they do draw, they call a random op (native_dropout,
+// bernoulli_) that the capture records nested inside them, so they are
+// judged by that op, not by their name.
+constexpr std::string_view kDropoutFrontEnds[] = {
+    "aten::dropout", "aten::feature_dropout", "aten::alpha_dropout", "aten::feature_alpha_dropout"};
+
 bool is_random(std::string_view op) {
+  const std::string_view base = op.substr(0, op.find('.'));
+  if (std::any_of(std::begin(kDropoutFrontEnds), std::end(kDropoutFrontEnds),
+                  [&](std::string_view f) { return base == f || base == std::string(f) + "_"; })) {
+    return false;
+  }
   return std::any_of(std::begin(kRandomOps), std::end(kRandomOps),
                      [&](const char* s) { return op.find(s) != std::string_view::npos; });
 }

@@ -475,6 +475,20 @@ TEST(CapturedForward, RandomOpsAreNotReplayedAndSaySo) {
   EXPECT_NE(why.find("random"), std::string::npos) << why;
 }
 
+// Dropout in eval mode draws nothing (every served model, GPT-2's among
+// them): the capture replays. Its drawing form is still found, by the
+// random op it calls inside (above).
+TEST(CapturedForward, DropoutInEvalModeIsReplayed) {
+  const at::Tensor w = at::randn({8});
+  for (auto* dropout : {&at::dropout, &at::feature_dropout, &at::alpha_dropout}) {
+    CapturedForward capture([&] { return at::mul((*dropout)(w.view({2, 4}), 0.5, false), 2.0); });
+    std::string why;
+    const std::optional<at::Tensor> replayed = capture.replay(&why);
+    ASSERT_TRUE(replayed.has_value()) << why;
+    EXPECT_TRUE(at::equal(*replayed, w.view({2, 4}) * 2.0));
+  }
+}
+
 // A replay that cannot run every op gives up before it runs any: the
 // forward's in-place write to a layer tensor is not made again by a replay
 // that then returns nothing.

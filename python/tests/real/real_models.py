@@ -3,7 +3,7 @@ hub, no download), reloaded the way an RL trainer's weight sync reloads
 them, for python/tests/real/test_real_models.py and bench/check_bench.py.
 
 A ``ModelCase`` is one ``check_reload`` call: an architecture (Llama with
-tied embeddings, Qwen3, Qwen2-MoE, Mixtral), how the model is built
+tied embeddings, Qwen3, Qwen2-MoE, Mixtral, GPT-2), how the model is built
 (eager, ``model.compile()`` with a backend, torchao int8 weight-only, or
 bitsandbytes 4-bit / 8-bit linears), how a checkpoint is loaded and
 post-processed, and what must be flagged (None for a correct reload):
@@ -57,6 +57,9 @@ def _config(arch: str) -> Any:
                                  num_experts=4, num_experts_per_tok=2)
     if arch == "mixtral":
         return tf.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2)
+    if arch == "gpt2":  # Conv1D projections, learned positions, dropout (eval: none drawn)
+        return tf.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64,
+                             bos_token_id=0, eos_token_id=0)
     raise ValueError(f"unknown architecture {arch!r}")
 
 
@@ -277,19 +280,23 @@ def _compiled(arch: str, backend: str) -> Callable[[], torch.nn.Module]:
     return make
 
 
-ARCHS = ("llama", "qwen3", "qwen2_moe", "mixtral")
+ARCHS = ("llama", "qwen3", "qwen2_moe", "mixtral", "gpt2")
+#: the architectures with a rotary embedding (rope_rebuilt applies)
+ROTARY = ("llama", "qwen3", "qwen2_moe", "mixtral")
 
 
 def cases() -> list[ModelCase]:
     out: list[ModelCase] = []
     for arch in ARCHS:
         dense = lambda arch=arch: build_dense(arch)  # noqa: E731
+        embedding = "transformer.wte.weight" if arch == "gpt2" else "model.embed_tokens.weight"
         out += [
             ModelCase(f"{arch}", arch, dense),
-            ModelCase(f"{arch}-assign", arch, dense, load=load_assign, expected="model.embed_tokens.weight"),
-            ModelCase(f"{arch}-rope_rebuilt", arch, dense, process=rebuild_rope,
-                      expected="model.rotary_emb.inv_freq"),
+            ModelCase(f"{arch}-assign", arch, dense, load=load_assign, expected=embedding),
         ]
+        if arch in ROTARY:
+            out.append(ModelCase(f"{arch}-rope_rebuilt", arch, dense, process=rebuild_rope,
+                                 expected="model.rotary_emb.inv_freq"))
     for backend in ("eager", "aot_eager", "inductor"):
         out += [
             ModelCase(f"llama-compiled-{backend}", "llama", _compiled("llama", backend)),

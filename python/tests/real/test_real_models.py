@@ -1,5 +1,5 @@
 """check_reload on whole Hugging Face models (real_models.py): tiny Llama
-(tied embeddings), Qwen3, Qwen2-MoE and Mixtral built from their configs,
+(tied embeddings), Qwen3, Qwen2-MoE, Mixtral and GPT-2 built from their configs,
 eager and compiled, with torchao and bitsandbytes 4-bit and 8-bit linears;
 reloaded with load_state_dict as an RL trainer's weight sync does, or
 through loaders that quantize into the packed parameters. Each correct
