@@ -7,7 +7,7 @@
 // subject is (its name, the modes it claims, whether it is a negative
 // control) is data, in one SubjectInfo. A C++ Backend is a subject through
 // BackendSubject (harness.h); a Python layer through the Python module's
-// subject class (python/reloadsafe/check.py).
+// subject class (python/reloadsafe/layer_subject.py).
 //
 // Invariant: the protocol calls reload() only after cold_load(), and inside a
 // DirectReloadScope for ReloadMode::kDirect (the protocol is the one place

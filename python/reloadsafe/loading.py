@@ -12,8 +12,8 @@ from .errors import ReloadCheckError
 from .reference import storage_view
 
 __all__ = [
-    "Checkpoint", "CheckpointDrawer", "checkpoint_layouts", "draw_checkpoint", "default_weight_loader",
-    "load_checkpoint",
+    "Checkpoint", "CheckpointDrawer", "check_drawable", "checkpoint_layouts", "draw_checkpoint",
+    "default_weight_loader", "layout", "layout_hint", "layout_notes", "load_checkpoint",
 ]
 
 #: A checkpoint: tensor name -> tensor (on the CPU, as an mmap'd checkpoint is).
@@ -40,6 +40,11 @@ def is_dense(t: torch.Tensor) -> bool:
     """Whether ``t`` is what a checkpoint holds and the default loader writes:
     a strided tensor of an ordinary dtype (not mkldnn, sparse or quantized)."""
     return t.layout == torch.strided and t.dtype not in _QUANTIZED_DTYPES
+
+
+def layout(t: torch.Tensor) -> str:
+    """``t``'s dtype and shape for messages: "float32[16, 64]"."""
+    return f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}"
 
 
 def describe(t: torch.Tensor) -> str:
@@ -138,6 +143,84 @@ class CheckpointDrawer:
                 t = window.clone()
             ckpt[name] = t
         return ckpt
+
+
+def check_drawable(name: str, probe: torch.nn.Module) -> None:
+    """Checkpoints are drawn from the fresh layer's parameters, as dense
+    tensors: a parameter of ``probe`` (the layer ``name``, fresh) that is not
+    dense (mkldnn, sparse, quantized) cannot be drawn or loaded by default,
+    and a layer whose non-empty weights are all buffers has nothing to draw.
+    Both raise ReloadCheckError naming them."""
+    params = [(n, p) for n, p in probe.named_parameters(remove_duplicate=True) if p.numel() > 0]
+    for name, p in params:
+        if not is_dense(p):
+            raise ReloadCheckError(
+                f"check_reload: {name}: parameter '{name}' is {describe(p)}, from which no "
+                "checkpoint can be drawn and into which the default loader cannot write. An engine "
+                f"loads a dense checkpoint: keep '{name}' a dense (strided) tensor of the checkpoint's "
+                f"dtype and {_pack_hint(p)} in post-processing (process_weights_after_loading), or "
+                "pass make_checkpoint= (and load= for this tensor)"
+            )
+    if params:
+        return
+    buffers = [(n, b) for n, b in probe.named_buffers(remove_duplicate=True) if b.numel() > 0]
+    if buffers:
+        listed = ", ".join(f"'{n}' ({describe(b)})" for n, b in buffers[:4])
+        odd = next(((n, b) for n, b in buffers if not is_dense(b)), None)
+        hint = (
+            f"; keep '{odd[0]}' dense, as a checkpoint holds it, and {_pack_hint(odd[1])} in post-processing"
+            if odd is not None
+            else ""
+        )
+        raise ReloadCheckError(
+            f"check_reload: {name} has no non-empty parameters, only buffers ({listed}), and "
+            "checkpoints are drawn from parameters: register the tensors the checkpoint holds as "
+            f"torch.nn.Parameter, or pass make_checkpoint=lambda seed: {{name: tensor, ...}}{hint}"
+        )
+
+
+def _pack_hint(t: torch.Tensor) -> str:
+    """What to do in post-processing to get from a dense tensor to ``t``'s form."""
+    if t.layout == torch._mkldnn:  # type: ignore[attr-defined, unused-ignore]  # torch's types do not export _mkldnn; unused without torch installed
+        return "convert it (to_mkldnn, torch.utils.mkldnn) or pack it"
+    if t.layout != torch.strided:
+        return f"make it {str(t.layout).replace('torch.', '')}"
+    return "quantize or pack it (torch.quantize_per_tensor, a prepack op)"
+
+
+def layout_notes(layer: torch.nn.Module, checkpoint: Mapping[str, torch.Tensor]) -> list[str]:
+    """Where ``layer``, with ``checkpoint`` just loaded, holds a parameter or
+    buffer in another shape or dtype than the checkpoint tensor of its name.
+    A hint for a failure, never a refusal: an engine's loader may pad (a
+    vocabulary), pack (bitsandbytes) or quantize (online FP8) in the load
+    itself, and what is judged is what the forward reads after it."""
+    notes = []
+    for name, t in checkpoint.items():
+        target = _parameter_or_buffer(layer, name)
+        if target is not None and (target.shape != t.shape or target.dtype != t.dtype):
+            notes.append(f"after load, '{name}' is {layout(target)} where the checkpoint has {layout(t)}")
+    return notes
+
+
+def layout_hint(notes: list[str]) -> str:
+    """``layout_notes`` as a sentence, the first three listed; "" for none."""
+    if not notes:
+        return ""
+    listed = "; ".join(notes[:3]) + (f"; and {len(notes) - 3} more" if len(notes) > 3 else "")
+    return (
+        "Note: " + listed + " (a loader may pad, pack or quantize into its parameter; one that "
+        "should not replaced the parameter with the checkpoint's tensor instead of loading into it)"
+    )
+
+
+def _parameter_or_buffer(layer: torch.nn.Module, name: str) -> torch.Tensor | None:
+    try:
+        return layer.get_parameter(name)
+    except AttributeError:
+        try:
+            return layer.get_buffer(name)
+        except AttributeError:
+            return None
 
 
 def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor, *, device: torch.device | None = None) -> None:

@@ -8,7 +8,7 @@ tensor ``named_tensors`` reaches and every ``int``/``float``
 
 ``check_reload(..., compare_state=True)`` and ``host_numbers=True`` are the
 C++ protocol's steps (``conformance/harness/layer_state.h``, run by
-``protocol.cc`` after every reload); the Python subject in check.py hands it
+``protocol.cc`` after every reload); the Python subject in layer_subject.py hands it
 the names. ``state_differences`` here is the same comparison on two modules,
 for tests and for an author who wants to look at one reload by hand.
 
