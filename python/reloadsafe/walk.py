@@ -60,6 +60,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from ._loader import _C
+
 __all__ = ["NamedObject", "NamedTensor", "named_numbers", "named_objects", "named_tensors"]
 
 #: Default for ``named_tensors(max_depth=...)``.
@@ -138,25 +140,15 @@ _OPAQUE = (
 )
 
 
-# The tensors that hold a sparse tensor's bytes, by layout: the methods that
-# give them, each an alias of the sparse tensor's own part (no copy).
-_SPARSE_PARTS: dict[torch.layout, tuple[str, ...]] = {
-    torch.sparse_coo: ("_indices", "_values"),
-    torch.sparse_csr: ("crow_indices", "col_indices", "values"),
-    torch.sparse_bsr: ("crow_indices", "col_indices", "values"),
-    torch.sparse_csc: ("ccol_indices", "row_indices", "values"),
-    torch.sparse_bsc: ("ccol_indices", "row_indices", "values"),
-}
-
-
 def tensor_parts(t: torch.Tensor) -> list[tuple[str, torch.Tensor]] | None:
     """The tensors that hold ``t``'s bytes, each with the name that reaches it
     from ``t``: a sparse tensor's index and value tensors (``_values``), a
     traceable wrapper subclass's inner tensors (``qdata``; the wrapper has no
     storage a kernel reads). None for a tensor that holds its own bytes."""
-    sparse = _SPARSE_PARTS.get(t.layout)
-    if sparse is not None:
-        return [(part, getattr(t, part)()) for part in sparse]
+    if t.layout != torch.strided:
+        sparse = _C.sparse_parts(t)  # the C++ trace's table (sparse_parts.h)
+        if sparse is not None:
+            return sparse
     if is_traceable_wrapper_subclass(t):
         inner_names, _ = t.__tensor_flatten__()
         inner = [(n, getattr(t, n, None)) for n in inner_names]

@@ -119,23 +119,6 @@ int64_t identity_of(const py::object& obj) {
       .cast<int64_t>();
 }
 
-// A violation found outside the protocol (the CUDA-graph replay in Python),
-// added to the mode it belongs to and counted like the protocol's own.
-void add_violation(BackendReport& report, const std::string& mode, int reload,
-                   const std::string& tensor, const std::string& what, const std::string& before,
-                   const std::string& after, const std::string& read) {
-  for (ModeReport& m : report.modes) {
-    if (harness::to_string(m.mode) != mode) continue;
-    m.violations.push_back(Violation{reload, tensor, what, before, after, read});
-    m.violation_count += 1;
-    if (std::find(m.flagged.begin(), m.flagged.end(), tensor) == m.flagged.end()) {
-      m.flagged.push_back(tensor);
-    }
-    return;
-  }
-  TORCH_CHECK(false, "add_violation: the report has no mode '", mode, "'");
-}
-
 }  // namespace
 
 void bind_protocol(py::module_& m) {
@@ -292,8 +275,6 @@ void bind_protocol(py::module_& m) {
         "CUDA, or no device visible).");
   m.def("to_json", &harness::to_json, py::arg("reports"), py::arg("options"));
   m.def("to_table", &harness::to_table, py::arg("reports"));
-  m.def("add_violation", &add_violation, py::arg("report"), py::arg("mode"), py::arg("reload"),
-        py::arg("tensor"), py::arg("what"), py::arg("before"), py::arg("after"), py::arg("read"));
 }
 
 }  // namespace reloadsafe::python

@@ -6,9 +6,13 @@
 
 #include "conformance/trace/memory_census.h"
 #include "conformance/trace/read_trace.h"
+#include "conformance/trace/sparse_parts.h"
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace py = pybind11;
@@ -46,6 +50,21 @@ void bind_trace(py::module_& m) {
   // The census, for check_reload's own memory rules (reloadsafe/state.py).
   m.def("live_tensor_bytes", &trace::live_tensor_bytes, py::arg("device"));
   m.def("take_peak_tensor_bytes", &trace::take_peak_tensor_bytes, py::arg("device"));
+  // The tensors that hold a sparse tensor's bytes, by name (sparse_parts.h),
+  // for reloadsafe/walk.py: one table of the layouts' parts for both
+  // languages. None for a tensor that is not sparse.
+  m.def(
+      "sparse_parts",
+      [](const at::Tensor& t) -> std::optional<std::vector<std::pair<std::string, at::Tensor>>> {
+        const size_t n = trace::sparse_part_count(t);
+        if (n == 0) return std::nullopt;
+        std::vector<std::pair<std::string, at::Tensor>> parts;
+        for (size_t k = 0; k < n; ++k) {
+          parts.emplace_back(trace::sparse_part_info(t, k).name, trace::sparse_part(t, k));
+        }
+        return parts;
+      },
+      py::arg("tensor"));
   // Stretches of a traced thread that are not the traced code's work (a
   // compiler's), for reloadsafe/compiler.py.
   m.def("begin_untraced", &trace::begin_untraced);
