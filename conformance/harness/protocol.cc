@@ -707,8 +707,9 @@ class ModeRun {
 }  // namespace
 
 void check_steps(const ReloadSteps& steps) {
-  TORCH_CHECK(steps.sleep_level >= 0 && steps.sleep_level <= 2,
-              "sleep level must be 1 or 2 (0: no sleep), not ", steps.sleep_level);
+  TORCH_CHECK(steps.sleep_level >= 0 && steps.sleep_level <= kMaxSleepLevel,
+              "sleep level must be 1 to ", kMaxSleepLevel, " (0: no sleep), not ",
+              steps.sleep_level);
   TORCH_CHECK(steps.cold_footprint_tolerance_bytes.value_or(0) >= 0,
               "the cold footprint tolerance is a number of bytes >= 0, not ",
               steps.cold_footprint_tolerance_bytes.value_or(0));

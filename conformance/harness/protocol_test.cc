@@ -657,7 +657,7 @@ TEST(ProtocolSteps, StepsThatCannotBeTakenAreRefusedWithTheirName) {
   state.compare_state = true;
   recreate.recreate_parameters = true;
   // Refused before anything runs.
-  for (const Row& row : {Row{"sleep 3", sleep3, "sleep level must be 1 or 2"},
+  for (const Row& row : {Row{"sleep 3", sleep3, "sleep level must be 1 to 2"},
                          Row{"negative budget", negative, "reload peak budget"}}) {
     SCOPED_TRACE(row.name);
     CountingSubject subject;

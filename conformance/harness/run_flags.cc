@@ -46,7 +46,10 @@ bool parse_run_flag(int argc, char** argv, int& i, RunOptions& options) {
     options.trace = false;
   } else if (arg == "--sleep") {
     const int level = parse_number<int>(arg, flag_value(argc, argv, i), 1);
-    if (level > 2) throw BadFlag("--sleep takes 1 or 2, not " + std::to_string(level));
+    if (level > kMaxSleepLevel) {
+      throw BadFlag("--sleep takes 1 to " + std::to_string(kMaxSleepLevel) + ", not " +
+                    std::to_string(level));
+    }
     options.steps.sleep_level = level;
   } else if (arg == "--recreate-parameters") {
     options.steps.recreate_parameters = true;

@@ -74,7 +74,7 @@ TEST(RunFlags, RefusesBadValuesNamingTheFlag) {
       {{"--reloads"}, "--reloads needs a value"},
       {{"--device"}, "--device needs a value"},
       {{"--sleep", "0"}, "--sleep takes an integer >= 1, not '0'"},
-      {{"--sleep", "3"}, "--sleep takes 1 or 2, not 3"},
+      {{"--sleep", "3"}, "--sleep takes 1 to 2, not 3"},
       {{"--cold-footprint-tolerance", "-1"},
        "--cold-footprint-tolerance takes an integer >= 0, not '-1'"},
       {{"--reload-peak-budget"}, "--reload-peak-budget needs a value"},

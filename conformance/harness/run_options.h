@@ -43,6 +43,11 @@ constexpr uint64_t reload_seed(uint64_t seed, int r) {
 /// numbers, state against a cold load, memory over a whole reload). A run
 /// takes the steps its options ask for and those its subject asks for
 /// (SubjectInfo::steps), merged by merged_with().
+/// The deepest sleep level (ReloadSteps::sleep_level): levels run from 1 to
+/// this; 0 is no sleep. The one place the range is written (the flag, the
+/// protocol's check and Python's `sleep=` read it).
+constexpr int kMaxSleepLevel = 2;
+
 struct ReloadSteps {
   /// 0: no sleep. 1 or 2: before every reload the layer sleeps and wakes,
   /// as an engine's sleep mode does between RL steps (reload_steps.h):

@@ -124,6 +124,7 @@ class RunOptions:
     steps: ReloadSteps
 
 DEFAULT_RELOADS: int
+MAX_SLEEP_LEVEL: int
 
 def reload_seed(seed: int, reload: int) -> int: ...
 

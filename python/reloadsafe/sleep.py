@@ -51,8 +51,9 @@ from ._loader import _C
 
 __all__ = ["LEVELS", "Caches", "cache_tensors", "caches_emptied", "discard"]
 
-#: The sleep levels: 1 (params and buffers restored), 2 (buffers restored).
-LEVELS = (1, 2)
+#: The sleep levels: 1 (params and buffers restored), 2 (buffers restored);
+#: the range is the C++ protocol's (kMaxSleepLevel in run_options.h).
+LEVELS = tuple(range(1, _C.MAX_SLEEP_LEVEL + 1))
 
 Caches = Mapping[str, MutableMapping[Any, Any]]
 

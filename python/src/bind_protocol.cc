@@ -195,6 +195,7 @@ void bind_protocol(py::module_& m) {
   // The run's defaults and seed rule (run_options.h), for check_reload's
   // default and for tests that tell reloads apart by their checkpoint's seed.
   m.attr("DEFAULT_RELOADS") = harness::kDefaultReloads;
+  m.attr("MAX_SLEEP_LEVEL") = harness::kMaxSleepLevel;
   m.def("reload_seed", &harness::reload_seed, py::arg("seed"), py::arg("reload"),
         "The seed of reload `reload`'s checkpoint (1 and up) in a run of `seed`.");
 
