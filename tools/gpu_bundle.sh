@@ -22,7 +22,7 @@
 #   ext/          what gpu_check.sh needs to rebuild the extension for another
 #                 Python (the binding sources, the headers, the core as a
 #                 shared library)
-#   gpu_check.sh, gpu_check.py, BUILD_INFO
+#   gpu_check.sh, gpu_check.py (and testlogs.py, its JUnit reader), BUILD_INFO
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=gpu_bundle
@@ -103,7 +103,7 @@ g++ -shared -o "$objs/libreloadsafe_core.so" -Wl,-soname,libreloadsafe_core.so "
 gzip -9 -c "$objs/libreloadsafe_core.so" > "$out/ext/libreloadsafe_core.so.gz"
 rm -rf "$objs"
 cp tools/gpu_build_ext.sh "$out/ext/build_ext.sh"
-cp tools/gpu_check.py "$out/"
+cp tools/gpu_check.py tools/testlogs.py "$out/"
 cat > "$out/gpu_check.sh" <<'SH'
 #!/usr/bin/env bash
 # The GPU check (gpu_check.py says what it runs): OUT=results ./gpu_check.sh [--no-gpu]
