@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <string>
 
@@ -41,8 +42,23 @@ std::string tensor_difference(const at::Tensor& live, const at::Tensor& cold) {
   if (live.sizes() != cold.sizes() || live.scalar_type() != cold.scalar_type()) {
     return layout(live);
   }
-  const at::Tensor a = live.detach().to(at::kCPU);
-  const at::Tensor b = cold.detach().to(at::kCPU);
+  at::Tensor a = live.detach().to(at::kCPU);
+  at::Tensor b = cold.detach().to(at::kCPU);
+  const c10::ScalarType dtype = a.scalar_type();
+  if (c10::isBitsType(dtype) || dtype == at::kFloat4_e2m1fn_x2) {
+    // Packed or bit dtypes have no element-wise kernels: their bytes.
+    a = a.contiguous();
+    b = b.contiguous();
+    const size_t n = a.numel() * a.element_size();
+    return n == 0 || std::memcmp(a.const_data_ptr(), b.const_data_ptr(), n) == 0 ? ""
+                                                                                 : "bytes differ";
+  }
+  if (c10::isFloat8Type(dtype)) {
+    // No CPU arithmetic on float8 (allclose, subtraction); each value is
+    // exact in float32.
+    a = a.to(at::kFloat);
+    b = b.to(at::kFloat);
+  }
   if (a.is_floating_point() || a.is_complex()) {
     if (at::allclose(a, b, kRtol, kAtol, /*equal_nan=*/true)) return "";
     const at::Tensor a64 = a.is_complex() ? at::view_as_real(a).to(at::kDouble) : a.to(at::kDouble);

@@ -56,6 +56,13 @@ TEST(StateDifferences, NamesWhatDiffersAndSaysHow) {
       {"another dtype", at::ones({4}, at::kHalf), at::ones({4}), "float16[4]"},
       {"bool", at::tensor({1, 0}).to(at::kBool), at::ones({2}, at::kBool),
        "1 of 2 elements differ"},
+      // No CPU arithmetic on these (an FP8 weight under compare_state).
+      {"float8 equal", at::ones({4}).to(at::kFloat8_e4m3fn), at::ones({4}).to(at::kFloat8_e4m3fn),
+       ""},
+      {"float8 off", at::ones({4}).to(at::kFloat8_e4m3fn), at::zeros({4}).to(at::kFloat8_e4m3fn),
+       "max |diff| 1"},
+      {"bits off", at::ones({4}, at::kByte).view(at::kBits8),
+       at::zeros({4}, at::kByte).view(at::kBits8), "bytes differ"},
   };
   for (const Row& row : rows) {
     SCOPED_TRACE(row.name);

@@ -26,6 +26,16 @@ at::Tensor strided(const at::Tensor& t) {
   return t.layout() == at::kStrided ? t : t.to_dense();
 }
 
+// Dtypes with no arithmetic kernels on the CPU (allclose, subtraction):
+// float8 (every value exact in float32, so compared as float32), and the
+// packed and bit dtypes (float4 pairs, bits8..bits16), compared by bytes.
+bool float8(const at::Tensor& t) {
+  return c10::isFloat8Type(t.scalar_type());
+}
+bool packed_bits(const at::Tensor& t) {
+  return c10::isBitsType(t.scalar_type()) || t.scalar_type() == at::kFloat4_e2m1fn_x2;
+}
+
 }  // namespace
 
 // Byte for byte (NaN payloads included, which an element-wise == is not).
@@ -66,6 +76,8 @@ std::string max_diff(const at::Tensor& a, const at::Tensor& b) {
   std::ostringstream os;
   if (a.sizes() != b.sizes()) {
     os << "shape " << a.sizes() << " vs " << b.sizes();
+  } else if (packed_bits(a) || packed_bits(b)) {
+    os << (same_bytes(a, b) ? "same bytes" : "bytes differ");
   } else {
     const at::Tensor a64 = strided(a).cpu().to(at::kDouble);
     const at::Tensor b64 = strided(b).cpu().to(at::kDouble);
@@ -90,6 +102,8 @@ bool close(const at::Tensor& a, const at::Tensor& b) {
   if (a.sizes() != b.sizes()) return false;
   if (a.layout() != at::kStrided || b.layout() != at::kStrided)
     return close(strided(a), strided(b));
+  if (packed_bits(a) || packed_bits(b)) return same_bytes(a, b);
+  if (float8(a) || float8(b)) return close(a.to(at::kFloat), b.to(at::kFloat));
   // Dense float outputs in one pass (all_close.h); anything else through allclose.
   if (std::optional<bool> fast = all_close(a, b, 1e-5, 1e-5)) return *fast;
   if (a.scalar_type() == b.scalar_type() && a.device() == b.device()) {

@@ -136,6 +136,17 @@ TEST(Close, WithinTheToleranceAndNanAndInfinityInPlace) {
       {"sparse, equal", floats({0, 2}).to_sparse(), floats({0, 2}).to_sparse(), true},
       {"sparse, beyond", floats({0, 2}).to_sparse(), floats({0, 2.001f}).to_sparse(), false},
       {"sparse and dense", floats({0, 2}).to_sparse(), floats({0, 2}), true},
+      // No CPU allclose for these: float8 compares as float32, bits by bytes.
+      {"float8, equal", floats({1, 2}).to(at::kFloat8_e4m3fn),
+       floats({1, 2}).to(at::kFloat8_e4m3fn), true},
+      {"float8, differ", floats({1, 2}).to(at::kFloat8_e4m3fn),
+       floats({1, 3}).to(at::kFloat8_e4m3fn), false},
+      {"float8 e5m2", floats({1, 2}).to(at::kFloat8_e5m2), floats({1, 2}).to(at::kFloat8_e5m2),
+       true},
+      {"bits, equal", at::arange(4, at::kByte).view(at::kBits8),
+       at::arange(4, at::kByte).view(at::kBits8), true},
+      {"bits, differ", at::arange(4, at::kByte).view(at::kBits8),
+       (at::arange(4, at::kByte) + 1).view(at::kBits8), false},
   };
   for (const Case& c : cases) {
     EXPECT_EQ(close(c.a, c.b), c.close) << c.name;
