@@ -27,7 +27,7 @@ from .loading import (
     load_checkpoint,
 )
 from .sleep import Caches, cache_tensors, caches_emptied
-from .walk import named_numbers, named_objects, named_tensors, tensor_parts
+from .walk import named_numbers, named_objects, named_tensors, shared_object_names, tensor_parts
 
 __all__ = ["LayerSubject", "MODES", "process_weights_after_loading", "whole_number"]
 
@@ -112,6 +112,10 @@ class LayerSubject(_C.ReloadSubject):
         self.own_sleep: Callable[[torch.nn.Module], None] | None = None  # sleep=function
 
         probe = self.new_layer()
+        # What two layers of the factory share is no layer's state: a host
+        # number there (vLLM's quant_config counting quantization time)
+        # changes with every layer built, the check's own included.
+        self.shared = tuple(shared_object_names(probe, self.new_layer()))
         n_weights = sum(1 for _ in probe.parameters()) + sum(1 for _ in probe.buffers())
         if n_weights == 0:
             raise ReloadCheckError(
@@ -198,10 +202,12 @@ class LayerSubject(_C.ReloadSubject):
         return self._numbers(self.live)
 
     def _numbers(self, layer: torch.nn.Module) -> list[Any]:
+        """The host numbers ``layer`` reaches, but those of objects every
+        layer of the factory shares and ``undeclared`` names."""
         return [
             _C.NamedNumber(n, float(v), isinstance(v, int))
             for n, v in named_numbers(layer)
-            if n not in self.undeclared
+            if n not in self.undeclared and not _under(n, self.shared)
         ]
 
     def has_cold_state(self) -> bool:
@@ -351,6 +357,12 @@ class LayerSubject(_C.ReloadSubject):
                 f"check_reload: example_input must be a tensor or a function seed -> tensor, got {type(x).__name__}"
             )
         return x.to(self.device)
+
+
+def _under(name: str, prefixes: Sequence[str]) -> bool:
+    """Whether ``name`` is reached through one of ``prefixes`` (a walk's
+    names: ``stats.seconds`` is under ``stats``)."""
+    return any(name.startswith(p) and name[len(p):len(p) + 1] in (".", "[") for p in prefixes)
 
 
 def _leaves(t: torch.Tensor) -> Iterator[torch.Tensor]:

@@ -186,6 +186,9 @@ class _Walker:
         # walked after every module's parameters and buffers, so a tensor an
         # attribute also reaches keeps its declared name.
         self.tensor_attrs: list[tuple[str, torch.Tensor, int]] = []
+        # Every object and module entered, by identity, with the name it was
+        # first reached by (shared_object_names).
+        self.object_names: dict[int, str] = {}
 
     def add(self, name: str, t: torch.Tensor, kind: str, depth: int = 0) -> None:
         if id(t) in self.seen_tensors:
@@ -228,8 +231,9 @@ class _Walker:
         if id(m) in self.entered:
             return
         mods = [(n, sub) for n, sub in m.named_modules(prefix=prefix, remove_duplicate=True)]
-        for _, sub in mods:
+        for n, sub in mods:
             self.entered.add(id(sub))
+            self.object_names.setdefault(id(sub), n)
         for n, sub in mods:
             for pn, p in sub._parameters.items():
                 if p is not None:
@@ -265,6 +269,7 @@ class _Walker:
         if _is_opaque(cls) or depth >= self.max_depth:
             return
         self.entered.add(id(obj))
+        self.object_names[id(obj)] = name
         d = depth + 1
         if issubclass(cls, (dict, types.MappingProxyType)):
             for k, v in list(obj.items()):
@@ -385,3 +390,22 @@ def named_numbers(module: torch.nn.Module, *, max_depth: int = DEFAULT_MAX_DEPTH
     Raises ``TypeError`` if ``module`` is not a ``torch.nn.Module``.
     """
     return _walk("named_numbers", module, max_depth).numbers
+
+
+def shared_object_names(a: torch.nn.Module, b: torch.nn.Module, *, max_depth: int = DEFAULT_MAX_DEPTH) -> list[str]:
+    """The names (as ``a`` reaches them) of the objects and modules that two
+    separately built layers ``a`` and ``b`` both reach: state that does not
+    belong to either layer (a configuration every layer of a model shares, a
+    module-level cache of modules). Only the outermost: what a shared object
+    holds is under its name. Empty when ``a`` is ``b``.
+
+    Raises ``TypeError`` if either is not a ``torch.nn.Module``."""
+    if a is b:
+        return []
+    in_a = _walk("shared_object_names", a, max_depth).object_names
+    in_b = _walk("shared_object_names", b, max_depth).object_names
+    out: list[str] = []
+    for name in sorted((n for key, n in in_a.items() if key in in_b and n), key=len):
+        if not any(name.startswith(o) and name[len(o):len(o) + 1] in (".", "[") for o in out):
+            out.append(name)
+    return out

@@ -409,3 +409,73 @@ def test_a_quant_method_that_refills_in_place_passes():
         return layer
 
     _clean(check_reload(make, _x(), reloads=RELOADS))
+
+
+# --- compare_state and host numbers on real layers ------------------------------
+
+
+class Fp8Weight(torch.nn.Module):
+    """An FP8 weight compared against a cold load's (compare_state): float8
+    has no CPU allclose, which made the comparison an error."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(OUT, IN, dtype=torch.float8_e4m3fn), requires_grad=False)
+
+    def forward(self, x):
+        return x @ self.weight.float().t()
+
+    @staticmethod
+    def checkpoint(seed):
+        g = torch.Generator().manual_seed(seed)
+        return {"weight": torch.randn(OUT, IN, generator=g).to(torch.float8_e4m3fn)}
+
+
+def test_compare_state_compares_float8_tensors():
+    report = check_reload(Fp8Weight, _x(), make_checkpoint=Fp8Weight.checkpoint, reloads=RELOADS,
+                          compare_state=True)
+    assert not report.errors, report.errors
+    _clean(report)
+
+
+class SharedStats:
+    """vLLM's quant_config, which every layer it builds shares: online
+    quantization adds the time it took to a float no forward reads."""
+
+    seconds = 0.0
+
+
+SHARED = SharedStats()
+
+
+class TimedQuantization(ScaledLinear):
+    def __init__(self):
+        super().__init__()
+        self.stats = SHARED
+
+    def process_weights_after_loading(self):
+        super().process_weights_after_loading()
+        self.stats.seconds += 1e-3
+
+
+def test_a_number_every_layer_shares_is_not_the_layers_state():
+    report = check_reload(TimedQuantization, _x(), reloads=RELOADS, host_numbers=True, compare_state=True)
+    _clean(report)
+
+
+class OwnCounter(ScaledLinear):
+    """The same number on the layer's own object: the layer's state, and a
+    host number a graph may bake in."""
+
+    def __init__(self):
+        super().__init__()
+        self.stats = SharedStats()
+
+    def process_weights_after_loading(self):
+        super().process_weights_after_loading()
+        self.stats.seconds += 1e-3
+
+
+def test_a_number_of_the_layers_own_objects_is_still_compared():
+    report = check_reload(OwnCounter, _x(), reloads=RELOADS, host_numbers=True)
+    assert not report.ok and "stats.seconds" in report.flagged, report.table()

@@ -278,3 +278,20 @@ def test_named_objects_finds_torchbind_objects_where_tensors_are_found():
 def test_named_objects_of_not_a_module_is_a_type_error():
     with pytest.raises(TypeError, match="named_objects: expected a torch.nn.Module, got list"):
         reloadsafe.named_objects([_packed()])
+
+
+def test_shared_object_names_are_what_two_built_layers_both_reach():
+    config = types.SimpleNamespace(eps=1e-6, seconds=0.0)
+    cached = torch.nn.Linear(2, 2)  # a module-level cache of modules, as vLLM's get_rope keeps
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.config = config
+            self.rope = cached
+            self.own = types.SimpleNamespace(scale=1.0)
+
+    a, b = Layer(), Layer()
+    shared = reloadsafe.walk.shared_object_names(a, b)
+    assert set(shared) == {"config", "rope"}, shared
+    assert reloadsafe.walk.shared_object_names(a, a) == []
