@@ -11,7 +11,7 @@
 // compared on a CPU copy, never on (or into) its own storage.
 #pragma once
 
-#include "conformance/trace/capture.h"
+#include "conformance/trace/named_tensor.h"
 
 #include <string>
 #include <vector>

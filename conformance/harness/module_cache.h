@@ -12,7 +12,7 @@
 // stash() found it, dropping whatever was added in between.
 #pragma once
 
-#include "conformance/trace/capture.h"
+#include "conformance/trace/named_tensor.h"
 
 #include <ATen/core/Tensor.h>
 

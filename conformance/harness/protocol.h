@@ -56,6 +56,7 @@
 #include "conformance/harness/report.h"
 #include "conformance/harness/run_options.h"
 #include "conformance/harness/subject.h"
+#include "conformance/trace/capture.h"
 
 #include <vector>
 

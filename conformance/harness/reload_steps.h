@@ -18,7 +18,7 @@
 // fixed integer otherwise), so what reads it shows in the value checks.
 #pragma once
 
-#include "conformance/trace/capture.h"
+#include "conformance/trace/named_tensor.h"
 
 #include <ATen/core/Tensor.h>
 

@@ -16,7 +16,7 @@
 
 #include "conformance/harness/layer_state.h"
 #include "conformance/harness/run_options.h"
-#include "conformance/trace/capture.h"
+#include "conformance/trace/named_tensor.h"
 
 #include <ATen/core/Tensor.h>
 

@@ -39,6 +39,7 @@
 // the address check stays the verdict.
 #pragma once
 
+#include "conformance/trace/named_tensor.h"
 #include "conformance/trace/read_trace.h"
 #include "conformance/trace/tensor_location.h"
 #include "conformance/trace/trace_records.h"
@@ -54,25 +55,6 @@
 #include <vector>
 
 namespace reloadsafe::trace {
-
-/// A tensor a layer can name. Declared tensors are the layer's promise: the
-/// forward may read them, and they keep address, storage and layout across
-/// reloads. Undeclared ones only give traced reads a name.
-struct NamedTensor {
-  std::string name;
-  at::Tensor tensor;
-  bool declared = true;
-};
-
-/// An opaque object (a TorchBind script object) a layer can name, by
-/// identity (ObjectRead::identity), or by the C++ instance it holds
-/// (ObjectRead::payload, as a torch::CustomClassHolder*): an object handed
-/// to its op from C++ is wrapped in a new script object on every call, and
-/// only its instance stays the same.
-struct NamedObject {
-  std::string name;
-  const void* identity = nullptr;
-};
 
 /// One external read of a captured forward, named, for reports.
 struct CapturedRead {
