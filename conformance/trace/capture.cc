@@ -257,7 +257,6 @@ CapturedForward::CapturedForward(const std::function<at::Tensor()>& forward)
       break;
     }
   }
-  unmade_read_ = find_unmade_read();
 }
 
 // Note [A replay gives up before it runs an op]
@@ -267,8 +266,8 @@ CapturedForward::CapturedForward(const std::function<at::Tensor()>& forward)
 // caller that then compares the layer's state sees writes no forward made.
 // Whether every call's arguments can be rebuilt is known from the capture
 // alone: an argument whose storage the forward made must be the result of an
-// earlier top-level call. That walk runs once here, and replay() refuses
-// before it runs anything.
+// earlier top-level call. That walk runs once, at the first replay, which
+// refuses before it runs anything.
 std::string CapturedForward::find_unmade_read() const {
   std::unordered_set<const c10::TensorImpl*> made;
   // Storages of made tensors: Note [A made tensor under another object].
@@ -475,8 +474,9 @@ std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
     *why = std::string(random_op_) + " draws random numbers: a replay cannot match a fresh forward";
     return std::nullopt;
   }
-  if (!unmade_read_.empty()) {  // Note [A replay gives up before it runs an op]
-    *why = unmade_read_;
+  if (!unmade_read_) unmade_read_ = find_unmade_read();  // once, at the first replay
+  if (!unmade_read_->empty()) {  // Note [A replay gives up before it runs an op]
+    *why = *unmade_read_;
     return std::nullopt;
   }
   // Result objects of the capture -> what the replay computed in their place.

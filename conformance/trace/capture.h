@@ -214,8 +214,10 @@ class CapturedForward {
   /// once at capture, since it rules out every replay.
   std::string_view random_op_;
   /// Why a replay cannot rebuild some call's arguments (empty if it can):
-  /// found once at capture (Note [A replay gives up before it runs an op]).
-  std::string unmade_read_;
+  /// found once, by the first replay, from the capture alone (Note [A
+  /// replay gives up before it runs an op]); a capture never replayed pays
+  /// nothing for it.
+  mutable std::optional<std::string> unmade_read_;
 };
 
 /// The forward traced again after a reload, each call checked against the
