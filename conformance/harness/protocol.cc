@@ -222,7 +222,7 @@ class ModeRun {
     }
     try {
       start();
-      for (int r = 1; r <= options_.reloads; ++r) check_reload(r);
+      for (int r = 1; r <= options_.reloads && !stopped_; ++r) check_reload(r);
       check_memory();
     } catch (const std::exception& e) {
       add_error("", e);
@@ -264,6 +264,9 @@ class ModeRun {
     // so are the host numbers the capture bakes in.
     declared_ = declared_locations(subject_.named_tensors());
     if (steps_.host_numbers) captured_numbers_ = subject_.named_numbers();
+    TORCH_CHECK(!steps_.recreate_parameters || !subject_.parameters().empty(),
+                "recreate_parameters: the subject names no registered parameters "
+                "(ReloadSubject::parameters), so none can be re-created");
     if (steps_.compare_state || steps_.compare_forward_state) {
       TORCH_CHECK(subject_.has_cold_state(),
                   "compare_state: this subject cannot make a cold load aside and name what it "
@@ -289,15 +292,16 @@ class ModeRun {
     std::map<std::string, Snapshot> pristine;
     for (const auto& [n, t] : ckpt) pristine.emplace(n, Snapshot(t));
     const int64_t checkpoint_bytes = live_bytes() - before_draw;
-    before_reload();
+    if (!before_reload(r)) return;
     const int64_t before_load = live_bytes();
     if (steps_.reload_peak_budget_bytes) trace::take_peak_tensor_bytes(options_.device);
-    {
+    const bool reloaded = layer_step_runs(r, "the reload", [&] {
       DirectReloadScope direct(mode_ == ReloadMode::kDirect);
       std::optional<trace::Quarantine::Capturing> capturing;
       if (quarantine_) capturing.emplace(*quarantine_);
       subject_.reload(mode_, ckpt);
-    }
+    });
+    if (!reloaded) return;
     if (steps_.reload_peak_budget_bytes) check_peak(r, before_load);
     report_.reloads_done = r;
     // The graph replays first, before any other forward runs on the device:
@@ -325,6 +329,36 @@ class ModeRun {
     check_forward(r, ckpt, replayed_graph);
   }
 
+  // Note [A reload that raises]
+  // The cold load, its forward and the capture ran; a step of the live
+  // layer's reload that then raises (its load or post-processing, the sleep
+  // and wake before it, the forward after it) is the reload's bug (a
+  // post-processing that asserts on what a sleep zeroed), not bad input: a
+  // violation named "reload" at that reload, with the step and the first
+  // line of what it raised. The layer is left as the step left it, so the
+  // mode ends there; what was measured until then is judged.
+  template <typename F>
+  bool layer_step_runs(int r, const char* step, F&& run) {
+    try {
+      run();
+      return true;
+    } catch (const std::exception& e) {
+      const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+      std::string what = c10_error ? c10_error->what_without_backtrace() : e.what();
+      what = what.substr(0, what.find('\n'));
+      std::string when = "at reload " + std::to_string(r);
+      if (steps_.sleep_level > 0) {
+        when += ", after a level-" + std::to_string(steps_.sleep_level) + " sleep";
+      }
+      if (steps_.recreate_parameters) when += ", parameters re-created";
+      sink_.add(r, "reload",
+                std::string(step) + " raised where the cold load did not (" + when + ")", "",
+                valid_utf8(what));
+      stopped_ = true;
+      return false;
+    }
+  }
+
   // What the live layer holds, its module caches' tensors included.
   LayerState live_state() {
     LayerState live{subject_.named_tensors(), subject_.named_numbers()};
@@ -349,9 +383,17 @@ class ModeRun {
   }
 
   // The steps an engine takes between reloads, when asked (reload_steps.h):
-  // sleep and wake, then parameters re-created for a layerwise reload.
-  void before_reload() {
-    if (steps_.sleep_level > 0 && !subject_.sleep_and_wake(steps_.sleep_level)) {
+  // sleep and wake, then parameters re-created for a layerwise reload. False
+  // when the subject's own sleep and wake raised (Note [A reload that
+  // raises]).
+  bool before_reload(int r) {
+    bool own_sleep = false;
+    if (steps_.sleep_level > 0 &&
+        !layer_step_runs(r, "the subject's sleep and wake before it",
+                         [&] { own_sleep = subject_.sleep_and_wake(steps_.sleep_level); })) {
+      return false;
+    }
+    if (steps_.sleep_level > 0 && !own_sleep) {
       std::vector<trace::NamedTensor> reached = subject_.named_tensors();
       std::vector<trace::NamedTensor> caches = subject_.cache_tensors();
       reached.insert(reached.end(), caches.begin(), caches.end());
@@ -377,13 +419,8 @@ class ModeRun {
       }
       sleep_and_wake(reached, restored);
     }
-    if (steps_.recreate_parameters) {
-      const std::vector<at::Tensor> params = subject_.parameters();
-      TORCH_CHECK(!params.empty(),
-                  "recreate_parameters: the subject names no registered parameters "
-                  "(ReloadSubject::parameters), so none can be re-created");
-      recreate_parameters(params);
-    }
+    if (steps_.recreate_parameters) recreate_parameters(subject_.parameters());
+    return true;
   }
 
   // For sleep level 1: the storages the layer reaches right after its cold
@@ -499,8 +536,10 @@ class ModeRun {
     bool follows_the_weights = false;
     if (options_.trace) {
       trace::CheckingRetrace retrace(*capture_.forward);
-      out = subject_.forward(x_);
+      const bool ran =
+          layer_step_runs(r, "the forward after the reload", [&] { out = subject_.forward(x_); });
       retrace.stop();
+      if (!ran) return;
       if (steps_.compare_forward_state) check_forward_state(r, ckpt);
       const bool details = sink_.listing();
       std::vector<trace::ReadChange> changes =
@@ -520,7 +559,10 @@ class ModeRun {
       }
       replays_as_retraced = capture_.forward->replays_as(retrace);
     } else {
-      out = subject_.forward(x_);
+      if (!layer_step_runs(r, "the forward after the reload",
+                           [&] { out = subject_.forward(x_); })) {
+        return;
+      }
       if (steps_.compare_forward_state) check_forward_state(r, ckpt);
     }
     const at::Tensor expected = cold_loads_.forward(
@@ -700,6 +742,7 @@ class ModeRun {
   bool replayed_once_ = false;  // a replay of the capture ran and returned an output
   int64_t kept_before_ = 0;
   bool warned_sequence_ = false;                 // Note [An op sequence that follows the weights]
+  bool stopped_ = false;                         // Note [A reload that raises]
   std::vector<trace::EpochRange> aside_epochs_;  // Note [What the layers made aside keep]
   std::vector<int64_t> aside_bytes_;             // per record_memory(), what they keep
 };

@@ -316,20 +316,24 @@ TEST(Protocol, EachModeDrawsTheColdLoadFromTheRunsSeedAndReloadRFromReloadSeed) 
   EXPECT_EQ(RunOptions{}.reloads, kDefaultReloads);
 }
 
-TEST(Protocol, AModesErrorKeepsEveryLineAndAFailedReleaseFollowsIt) {
+// Note [A reload that raises]: after a cold load that ran, a reload that
+// raises is the reload's bug, a violation at that reload naming the step and
+// what it raised (its first line; a c10 error without LibTorch's
+// backtrace); the mode ends there. A release that fails is the mode's error.
+TEST(Protocol, AReloadThatRaisesIsAViolationAndAFailedReleaseIsTheModesError) {
   struct Row {
     const char* name;
     std::string reload_error;
     bool from_c10;
     std::string release_error;
-    std::string expected;
+    std::string raised;  ///< the violation's after; empty: no reload violation
+    std::string error;   ///< the mode's error
   };
   const Row rows[] = {
-      {"reload", "first line\nsecond line\n", false, "", "first line\nsecond line"},
-      // TORCH_CHECK's error without the backtrace LibTorch appends to what().
-      {"reload (c10)", "first line\nsecond line", true, "", "first line\nsecond line"},
-      {"release", "", false, "gone\nfor good", "release: gone\nfor good"},
-      {"both", "first line\nsecond line", false, "gone", "first line\nsecond line\nrelease: gone"},
+      {"reload", "first line\nsecond line\n", false, "", "first line", ""},
+      {"reload (c10)", "first line\nsecond line", true, "", "first line", ""},
+      {"release", "", false, "gone\nfor good", "", "release: gone\nfor good"},
+      {"both", "first line\nsecond line", false, "gone", "first line", "release: gone"},
   };
   for (const Row& row : rows) {
     SCOPED_TRACE(row.name);
@@ -340,9 +344,20 @@ TEST(Protocol, AModesErrorKeepsEveryLineAndAFailedReleaseFollowsIt) {
     const BackendReport report = run_subject(subject, options(2, false));
     ASSERT_EQ(report.modes.size(), 2u);
     for (const ModeReport& m : report.modes) {
-      EXPECT_EQ(m.error, row.expected) << to_string(m.mode);
+      SCOPED_TRACE(to_string(m.mode));
+      EXPECT_EQ(m.error, row.error);
       EXPECT_FALSE(m.clean());
-      EXPECT_EQ(m.reloads_done, row.reload_error.empty() ? 2 : 0);
+      if (row.raised.empty()) {
+        EXPECT_EQ(m.reloads_done, 2);
+        continue;
+      }
+      EXPECT_EQ(m.reloads_done, 0) << "the mode ends at the reload that raised";
+      ASSERT_EQ(m.violations.size(), 1u) << to_table({report});
+      const Violation& v = m.violations[0];
+      EXPECT_EQ(v.reload, 1);
+      EXPECT_EQ(v.tensor, "reload");
+      EXPECT_EQ(v.what, "the reload raised where the cold load did not (at reload 1)");
+      EXPECT_EQ(v.after, row.raised);
     }
     EXPECT_FALSE(report.ok());
   }

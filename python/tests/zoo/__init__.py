@@ -58,9 +58,10 @@ class Bug:
     """One catalogue row as a pair of layers.
 
     ``outcome`` is what the buggy layer gets: ``"violation"`` (the report
-    is not ok and flags every name in ``names``) or ``"error"``
-    (``check_reload`` raises ``ReloadCheckError`` naming the first of
-    ``names``: the reload cannot even load). ``options`` are passed to
+    is not ok and flags every name in ``names``) or ``"raises"`` (the
+    reload cannot even load: the report flags ``reload``, what it raised
+    naming one of ``names``; Note [A reload that raises] in
+    conformance/harness/protocol.cc). ``options`` are passed to
     ``check_reload`` for both layers (a load function, checkpoints, an
     input); ``needs`` are options the row needs that may not exist yet.
     """
@@ -136,6 +137,18 @@ def flags(flagged: Iterable[str], name: str) -> bool:
     ``act_perm_inv``."""
     pattern = re.compile(r"(^|[.\[' (])" + re.escape(name) + r"($|[.\[\]' )])")
     return any(pattern.search(f) for f in flagged)
+
+
+def raised_naming(report: Any, names: tuple[str, ...]) -> bool:
+    """Whether ``report`` flags ``reload`` in every mode with what the
+    reload raised naming one of ``names`` (quoted, as reloadsafe's errors
+    quote a tensor's name; which one depends on the order the load meets
+    them)."""
+    for mode in report.modes.values():
+        raised = [v for v in mode["violations"] if v["tensor"] == "reload"]
+        if not raised or not any(f"'{n}'" in raised[0]["after"] for n in names):
+            return False
+    return True
 
 
 def by_id(bug_id: str) -> Bug:

@@ -288,7 +288,8 @@ BUGS = [
     Bug("Z26", "SGLang", "sgl-project/sglang#8863", "O5", "FP8 post-processing replaces the loader-carrying parameter",
         ("weight",), Fp8LinearReplacedBuggy, Fp8LinearReplacedFixed, (6, K)),
     Bug("Z28", "SGLang", "sgl-project/sglang#25190", "O1", "NVFP4 post-processing deletes its source scales",
-        ("weight_scale",), Nvfp4DeletesSourcesBuggy, Nvfp4DeletesSourcesFixed, (6, K), outcome="error"),
+        ("weight_scale", "input_scale", "weight_scale_2"), Nvfp4DeletesSourcesBuggy, Nvfp4DeletesSourcesFixed,
+        (6, K), outcome="raises"),
     Bug("Z31", "SGLang", "sgl-project/sglang#40586", "O1", "KV-scale post-processing compounds across reloads",
         ("k_scale",), KvScaleCompoundsBuggy, KvScaleCompoundsFixed, (6, K), needs={"compare_state": True},
         gap="the scale halves in place: the value check fails but names the forward, not `k_scale` (needs: "
@@ -296,5 +297,5 @@ BUGS = [
     Bug("Z32", "ROCm ATOM", "ROCm/ATOM#2028", "O1 (+A)", "FP8 normalization re-applied every sync",
         ("weight_scale",), FnuzScaleDoublesBuggy, FnuzScaleDoublesFixed, (6, K)),
     Bug("Z36", "verl", "verl-project/verl#7978", "O1", "one-way 4-D block layout breaks the next weight sync",
-        ("w13",), BlockLayoutOneWayBuggy, BlockLayoutOneWayFixed, (6, H), outcome="error"),
+        ("w13",), BlockLayoutOneWayBuggy, BlockLayoutOneWayFixed, (6, H), outcome="raises"),
 ]
