@@ -62,6 +62,7 @@ def check_reload(
     host_numbers: bool = False,
     cold_footprint_tolerance_bytes: int | None = None,
     reload_peak_budget_bytes: int | None = None,
+    allow_constant_output: bool = False,
 ) -> ReloadReport:
     """Checks that reloading weights into a layer keeps every address a
     captured CUDA graph of its forward reads.
@@ -181,6 +182,16 @@ def check_reload(
     without a device (``t.item()``), or runs an op with no meta kernel on
     one, raises ``ReloadCheckError`` saying the probe cannot follow it.
 
+    A check that would test nothing is refused: two different checkpoints
+    must give two different outputs of the forward (a module instance whose
+    closures hold its own tensors reads the instance's never-loaded tensors
+    in every copy the check makes: pass a factory); pass
+    ``allow_constant_output=True`` for a layer whose output truly ignores
+    its weights for the example input. A reload that raises once the cold
+    load and its forward ran (its load or post-processing, a sleep before
+    it, the forward after it) is the violation ``reload``, with the step and
+    what it raised.
+
     Bad input (not a module, a module that cannot be deep-copied, a forward
     or load that raises, a layer without parameters, a parameter that is not
     dense (mkldnn, sparse, quantized) with no ``make_checkpoint``, a tensor
@@ -219,7 +230,7 @@ def check_reload(
     with _collections_see_only_the_check():
         subject = LayerSubject(
             layer, example_input, load, process, forward, make_checkpoint, modes, dev, name, undeclared,
-            expect_violation, memory_tolerance_bytes,
+            expect_violation, memory_tolerance_bytes, allow_constant_output,
         )
         subject.module_caches = dict(module_caches or {})
         options = _C.RunOptions()
@@ -249,7 +260,8 @@ def check_reload(
                 "reload_peak_budget_bytes", reload_peak_budget_bytes, 0, example=1 << 20)
         options.steps = steps
         watch_compilations()  # torch.compile's compilations are not the forward's work
-        preflight(subject, device_clean=device_clean)
+        preflight(subject, device_clean=device_clean,
+                  numbers=steps.host_numbers or steps.compare_state or steps.compare_forward_state)
         report = _C.run_subject(subject, options)
         hint = "" if report.ok() else subject.layout_hint()
     return ReloadReport(report, options, f"  {hint}" if hint else "")

@@ -63,6 +63,7 @@ class LayerSubject(_C.ReloadSubject):
         undeclared: Iterable[str],
         expect_violation: str | None,
         memory_tolerance_bytes: Any,
+        allow_constant_output: bool = False,
     ) -> None:
         _C.ReloadSubject.__init__(self)
         self.live: torch.nn.Module | None = None
@@ -103,6 +104,7 @@ class LayerSubject(_C.ReloadSubject):
         self.expect_violation = expect_violation
         self.memory_tolerance_bytes = whole_number("memory_tolerance_bytes", memory_tolerance_bytes, 0, example=4096)
         self.example_input = example_input
+        self.allow_constant_output = bool(allow_constant_output)
         self.module_caches: Caches = {}
         self._layout_notes: list[str] | None = None
         # The module caches emptied from each mode's cold load to its
@@ -116,6 +118,8 @@ class LayerSubject(_C.ReloadSubject):
         # number there (vLLM's quant_config counting quantization time)
         # changes with every layer built, the check's own included.
         self.shared = tuple(shared_object_names(probe, self.new_layer()))
+        # Numbers two cold loads of one checkpoint disagree on (preflight).
+        self.volatile: frozenset[str] = frozenset()
         n_weights = sum(1 for _ in probe.parameters()) + sum(1 for _ in probe.buffers())
         if n_weights == 0:
             raise ReloadCheckError(
@@ -203,11 +207,12 @@ class LayerSubject(_C.ReloadSubject):
 
     def _numbers(self, layer: torch.nn.Module) -> list[Any]:
         """The host numbers ``layer`` reaches, but those of objects every
-        layer of the factory shares and ``undeclared`` names."""
+        layer of the factory shares, those no load decides (Note [Numbers
+        that no load decides] in preflight.py) and ``undeclared`` names."""
         return [
             _C.NamedNumber(n, float(v), isinstance(v, int))
             for n, v in named_numbers(layer)
-            if n not in self.undeclared and not _under(n, self.shared)
+            if n not in self.undeclared and n not in self.volatile and not _under(n, self.shared)
         ]
 
     def has_cold_state(self) -> bool:

@@ -601,3 +601,82 @@ def test_layers_are_checked_in_eval_mode_as_an_engine_runs_them():
     report = check_reload(_WithDropout, torch.randn(4, 16), reloads=2)
     assert report.ok, report.table()
     assert _WithDropout.modes and not any(_WithDropout.modes), _WithDropout.modes
+
+
+# A check that would test nothing, and a reload that raises.
+
+
+class _ClosureOverItsOwnWeight(torch.nn.Module):
+    """A kernel closure built in __init__ over the layer's own weight: the
+    copies check_reload makes of an instance share the closure, so every
+    forward reads the instance's weight, never loaded."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(16, 64), requires_grad=False)
+        w = self.weight
+        self.kernel = lambda x: x @ w.t()
+
+    def forward(self, x):
+        return self.kernel(x)
+
+
+def test_an_instance_whose_closure_reads_the_template_is_refused():
+    with pytest.raises(ReloadCheckError, match=r"same output .* for two different checkpoints.*pass a factory"):
+        check_reload(_ClosureOverItsOwnWeight(), torch.randn(8, 64), reloads=2)
+    # Built by a factory, each layer's closure reads its own weight: checked.
+    assert check_reload(_ClosureOverItsOwnWeight, torch.randn(8, 64), reloads=2).ok
+
+
+def test_a_layer_whose_output_ignores_its_weights_may_say_so():
+    # An all-zero input: x @ w^T is zero whatever the weights.
+    with pytest.raises(ReloadCheckError, match="allow_constant_output=True"):
+        check_reload(sl.Transposed, torch.zeros(8, 32), reloads=2)
+    assert check_reload(sl.Transposed, torch.zeros(8, 32), reloads=2, allow_constant_output=True).ok
+
+
+class _AssertsOnWhatASleepDiscarded(sl.KernelOwner):
+    """A shipped bug's shape: post-processing asserts on a plain tensor
+    attribute that a level-2 sleep discards and no wake restores (wake
+    restores registered buffers only)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calibrated = torch.ones(1)
+
+    def process_weights_after_loading(self):
+        assert bool(self.calibrated.eq(1).all()), "calibration lost"
+        super().process_weights_after_loading()
+
+
+def test_a_reload_that_raises_is_a_violation_naming_the_step():
+    report = check_reload(_AssertsOnWhatASleepDiscarded, torch.randn(8, 64), reloads=3, sleep=2)
+    assert not report.ok and not report.errors, report.table()
+    for mode in report.modes.values():
+        assert mode["reloads_done"] == 0, report.table()
+        (v,) = mode["violations"]
+        assert v["tensor"] == "reload" and v["reload"] == 1, report.table()
+        assert v["what"] == ("the reload raised where the cold load did not (at reload 1, after a level-2 "
+                             "sleep)"), report.table()
+        assert "AssertionError: calibration lost" in v["after"], report.table()
+    # Without the sleep the same layer reloads.
+    assert check_reload(_AssertsOnWhatASleepDiscarded, torch.randn(8, 64), reloads=3).ok
+
+
+def test_a_forward_that_raises_after_a_reload_is_a_violation():
+    class Breaks(sl.KernelOwner):
+        def process_weights_after_loading(self):
+            super().process_weights_after_loading()
+            self.loads = getattr(self, "loads", 0) + 1
+
+        def forward(self, x):
+            if self.loads > 1:
+                raise RuntimeError("kernel handle lost on reload")
+            return super().forward(x)
+
+    report = check_reload(Breaks, torch.randn(8, 64), reloads=2, modes=("normal",))
+    mode = report.modes["normal"]
+    assert not report.ok and not report.errors, report.table()
+    assert mode["violations"][0]["tensor"] == "reload", report.table()
+    assert "the forward after the reload raised" in mode["violations"][0]["what"], report.table()
+    assert "kernel handle lost on reload" in mode["violations"][0]["after"], report.table()

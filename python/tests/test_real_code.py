@@ -8,6 +8,7 @@ Each was a false alarm or an error where a verdict was due on real code
 verdict, correct and buggy variants alike.
 """
 import copy
+import time
 
 import pytest
 import torch
@@ -479,3 +480,23 @@ class OwnCounter(ScaledLinear):
 def test_a_number_of_the_layers_own_objects_is_still_compared():
     report = check_reload(OwnCounter, _x(), reloads=RELOADS, host_numbers=True)
     assert not report.ok and "stats.seconds" in report.flagged, report.table()
+
+
+class TimesItsOwnQuantization(ScaledLinear):
+    """The timing on the layer's own object (a quant config built per
+    layer): no load decides it, so neither a cold load nor the capture says
+    what it should hold."""
+
+    def __init__(self):
+        super().__init__()
+        self.stats = SharedStats()
+
+    def process_weights_after_loading(self):
+        start = time.perf_counter()
+        super().process_weights_after_loading()
+        self.stats.seconds += time.perf_counter() - start + 1e-9
+
+
+def test_a_number_no_load_decides_is_not_compared():
+    report = check_reload(TimesItsOwnQuantization, _x(), reloads=RELOADS, host_numbers=True, compare_state=True)
+    _clean(report)
