@@ -9,12 +9,22 @@ reloadsafe is installed (``-p no:reloadsafe.pytest_plugin`` turns it off)::
 ``reload_check`` takes ``check_reload``'s arguments, returns the report when
 it is ok, and otherwise fails the test with the violation table (no Python
 traceback: the table says which tensor or read moved, before and after).
+
+A usage error (``ReloadCheckError`` raised by reloadsafe itself, with no
+exception of the layer's behind it) fails a test with its message alone,
+wherever ``check_reload`` was called from: reloadsafe's frames, its long
+docstring among them, say nothing the message does not. An error caused by
+the layer's own code (its forward raised) keeps pytest's traceback, which
+shows the layer's lines.
 """
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import Any, Callable
 
 import pytest
+
+from .errors import ReloadCheckError
 
 
 @pytest.fixture
@@ -32,3 +42,13 @@ def reload_check() -> Callable[..., Any]:
         return report
 
     return run
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
+    outcome = yield
+    report = outcome.get_result()
+    excinfo = call.excinfo
+    if (report.failed and excinfo is not None and isinstance(excinfo.value, ReloadCheckError)
+            and excinfo.value.__cause__ is None):
+        report.longrepr = f"{type(excinfo.value).__name__}: {excinfo.value}"

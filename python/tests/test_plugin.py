@@ -55,3 +55,27 @@ def test_bad(reload_check):
     assert "aten::div" in out  # the traced read that moved
     # The table, not a Python traceback into reloadsafe.
     assert "reloadsafe/check.py" not in out and "reloadsafe/layer_subject.py" not in out
+
+
+def test_a_usage_error_under_pytest_is_its_message_alone(pytester, monkeypatch):
+    site = str(pathlib.Path(reloadsafe.__file__).resolve().parents[1])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([site, os.environ.get("PYTHONPATH", "")]))
+    pytester.makepyfile(
+        test_usage='''
+import torch
+import reloadsafe
+
+def test_not_a_module():
+    reloadsafe.check_reload(42, torch.randn(2))
+'''
+    )
+    result = pytester.runpytest_subprocess("-q")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if "test_not_a_module" in line and "___" in line)
+    end = next(i for i, line in enumerate(lines) if "short test summary" in line)
+    failure = [line for line in lines[start + 1:end] if line.strip()]
+    assert len(failure) <= 3, out
+    assert "ReloadCheckError: check_reload: `layer` must be a torch.nn.Module" in out
+    assert "Checks that reloading weights" not in out  # no docstring, no internal frame
