@@ -19,7 +19,8 @@
 #   1. tests: utilities, golden conformance cases, hostile inputs, fuzz properties,
 #      the Python package (pytest); against the default torch (2.11) and the
 #      newest supported (2.15, --config=torch2.15); the report says which
-#      torch versions were tested
+#      torch versions were tested; and vLLM 0.33's own layers in vLLM's own
+#      environment (its torch 2.14; tools/vllm_check.sh makes it once, 9.5 GB)
 #   2. the reload harness over every registered backend (normal and direct reload)
 #   3. the GPU tests (or why they were skipped)
 #   4. the benchmarks against their limits (copies, replace_parameter; the
@@ -55,6 +56,8 @@ newest=2.15
 bazel test --config=torch$newest //utils/... //conformance/... //fuzz/... //tools:torch_version_test || status=1
 testlogs_newest="$(bazel info --config=torch$newest bazel-testlogs 2>/dev/null)"
 tools/pytest.sh --torch $newest "$out/python-torch$newest.xml" || status=1
+# vLLM 0.33's own layers, in vLLM's environment (torch 2.14), reloadsafe built into it.
+tools/vllm_check.sh "$out/python-vllm.xml" || status=1
 
 step "2/5 reload harness: every registered backend, $reloads reloads per mode"
 bazel run //conformance/harness:reload_harness -- --reloads "$reloads" --json "$out/harness.json" \
@@ -79,6 +82,7 @@ echo "${PIPESTATUS[0]}" > "$out/bench/compare.rc"
 step "5/5 report"
 python3 tools/report.py --testlogs "$(bazel info bazel-testlogs 2>/dev/null)" --out "$out" \
   --harness "$out/harness.json" --bench "$out/bench" --junit "python=$out/python.xml" \
-  --more-testlogs "cpp-torch$newest=$testlogs_newest" --junit "python-torch$newest=$out/python-torch$newest.xml" || status=1
+  --more-testlogs "cpp-torch$newest=$testlogs_newest" --junit "python-torch$newest=$out/python-torch$newest.xml" \
+  --junit "python-vllm=$out/python-vllm.xml" || status=1
 echo "[run] report: $out/report.md"
 exit $status
