@@ -3,31 +3,21 @@
 // harness must flag under the name the upstream fix used) and as the fix
 // left it (`_fixed`, a sample that keeps every address in both modes). The
 // Python zoo (python/tests/zoo/) re-creates the same rows as plain-torch
-// layers; here the kernel state is held the way C++ holds it:
-//
-//   Z01  a TorchBind instance handed to a custom op from C++
-//   Z05  a callable struct behind a std::shared_ptr the layer keeps
-//   Z02  a plain C++ kernel object the layer keeps
-//
-// and rows whose bug keeps every address, so that only a step of
-// ReloadSteps (run_options.h) brings it out; both backends of such a pair
-// ask for that step through Backend::steps(), so every run takes it:
-//
-//   Z37  a host float the kernel takes as a launch argument (host_numbers)
-//   Z34  a fresh staging copy of the weight on every reload (the cold
-//        footprint and the reload's peak)
-//   Z19  a drafter module kept without register_module(), whose buffer no
-//        wake restores (sleep level 2, compare_state)
-//   Z09  padding that only construction zeroed (recreate_parameters,
-//        compare_state)
-//   Z20  a module-level cache post-processing reads, garbage after a sleep
-//        (sleep level 2, compare_state, the cache named through
-//        Backend::module_caches)
+// layers; here the kernel state is held the way C++ holds it (a TorchBind
+// instance handed to a custom op, a struct behind a std::shared_ptr, a plain
+// C++ kernel object). Some rows' bugs keep every address, so that only a
+// step of ReloadSteps (run_options.h) brings them out; both backends of such
+// a pair ask for that step through Backend::steps(), so every run takes it.
 //
 // C++ has no walker to find what a kernel object holds, so each backend
 // names it (Backend::held_tensors, held_objects, host_numbers).
-// docs/bug-zoo-cpp.md lists the pairs and what the harness reports on each.
+//
+// Each pair ends with its row (zoo_rows.h): the id, the upstream thread, the
+// mechanism, what the harness must flag on the buggy backend and the doc's
+// prose. harness_test checks every pair against its row, and
+// docs/bug-zoo-cpp.md is generated from the rows (tools/gen_bug_zoo_cpp.sh).
 #include "conformance/harness/backend.h"
+#include "conformance/harness/backends/zoo_rows.h"
 
 #include "utils/replace_parameter.h"
 #include "utils/tensor_attrs.h"
@@ -60,10 +50,10 @@ void add_params(
   }
 }
 
-// Z01 -- vLLM #41670: the CUTLASS FP8 MoE kernel allocates per-expert strides
-// into the flattened weights and copies the per-expert scale when it is
-// built, and post-processing built a new one on every load. Here the kernel
-// is a TorchBind class that the forward hands to a custom op from C++.
+// Z01: the CUTLASS FP8 MoE kernel allocates per-expert strides into the
+// flattened weights and copies the per-expert scale when it is built, and
+// post-processing built a new one on every load. Here the kernel is a TorchBind
+// class that the forward hands to a custom op from C++.
 
 constexpr int64_t kE = 4, kH = 16, kI = 8;  // experts, hidden, intermediate
 
@@ -172,10 +162,38 @@ class CutlassMoeFixed : public CutlassMoe {
   }
 };
 
-// Z05 -- vLLM #48539: Machete's act-order permutation bound into a callable
+const bool kZ01 = register_zoo_pair<CutlassMoeBuggy, CutlassMoeFixed>([] {
+  ZooRow row;
+  row.id = "Z01";
+  row.thread = "vllm-project/vllm#41670";
+  row.mechanism_class = "F";
+  row.mechanism =
+      "a TorchBind kernel (`CutlassMoeKernel`: `ab_strides1`, `c_strides1`, a copy of the scale "
+      "`w1_scale`) handed to a custom op from C++; post-processing builds a new instance on every "
+      "load";
+  // A new TorchBind instance: the object and the tensors it holds, at the
+  // custom op and inside it.
+  row.flagged = {"kernel",
+                 "kernel.ab_strides1",
+                 "kernel.c_strides1",
+                 "kernel.w1_scale",
+                 "reloadsafe_zoo_cpp::cutlass_moe arg 3 (kernel)",
+                 "replay"};
+  row.reading =
+      "Every reload the object at `reloadsafe_zoo_cpp::cutlass_moe arg 3 (kernel)` is `object "
+      "replaced`, and the tensors the new instance holds are new too, at the ops that read them "
+      "and as the object reports them through `unpack()`; `replay`: the captured op reads the old "
+      "instance's scale.";
+  row.fix =
+      "the kernel is built once and each load refills `w1_scale` in place (`copy_`); it is never "
+      "`object replaced`.";
+  return row;
+}());
+
+// Z05: Machete's act-order permutation bound into a callable
 // (functools.partial(ops.permute_cols, perm=perm) upstream) that every
-// post-processing made anew. In C++ the callable is a struct the kernel
-// reaches through a std::shared_ptr, which the layer does not declare.
+// post-processing made anew. In C++ the callable is a struct the kernel reaches
+// through a std::shared_ptr, which the layer does not declare.
 
 constexpr int64_t kK = 32, kN = 16, kGroup = 8;  // in, out, group size
 
@@ -254,10 +272,31 @@ class MacheteActOrderFixed : public MacheteActOrder {
   }
 };
 
-// Z02 -- vLLM #48438: Marlin's kernel object holds the workspace its lock
-// counters live in (all zeros when a GEMM starts), and post-processing made a
-// new one on every load; the act-order sort indices were rebound as well.
-// Here the kernel object is a plain C++ class the layer keeps.
+const bool kZ05 = register_zoo_pair<MacheteActOrderBuggy, MacheteActOrderFixed>([] {
+  ZooRow row;
+  row.id = "Z05";
+  row.thread = "vllm-project/vllm#48539";
+  row.mechanism_class = "F";
+  row.mechanism =
+      "the act-order permutation held by `act_perm`, a callable struct the kernel reaches through "
+      "a `std::shared_ptr`, undeclared; post-processing makes a new one on every load";
+  // A struct behind a pointer the layer does not declare.
+  row.flagged = {"kernel.act_perm.perm (undeclared)", "aten::index.Tensor arg 1[1] (indices)",
+                 "replay"};
+  row.reading =
+      "The permutation is read without being declared (the warning) and moves at every reload; "
+      "`replay`: the captured ops permute the input with the old permutation while the weight's "
+      "rows are in the new order.";
+  row.fix =
+      "`act_perm` is made once, each load refills its permutation in place, and the backend "
+      "declares it.";
+  return row;
+}());
+
+// Z02: Marlin's kernel object holds the workspace its lock counters live in
+// (all zeros when a GEMM starts), and post-processing made a new one on every
+// load; the act-order sort indices were rebound as well. Here the kernel object
+// is a plain C++ class the layer keeps.
 
 struct MarlinKernel {
   at::Tensor workspace;
@@ -335,15 +374,36 @@ class MarlinActOrderFixed : public MarlinActOrder {
   }
 };
 
-// Z37 -- ModelExpress #782 (#711, #783): FP8 attention keeps its K scale
-// twice, as a device tensor the refit overwrites and as a host float,
-// `_k_scale_float`, that the FlashInfer TRT-LLM-Gen kernel takes as a launch
-// argument. The refit first left the float stale; the fix refreshes it after
-// every weight update, which is right in eager mode, while a captured graph
-// keeps launching with the number it was captured with (the fix leaves
-// graphs out of scope). The buggy backend here is that eager fix: every
-// post-processing refreshes the float. No address moves and the live forward
-// is right; the host_numbers step names the float.
+const bool kZ02 = register_zoo_pair<MarlinActOrderBuggy, MarlinActOrderFixed>([] {
+  ZooRow row;
+  row.id = "Z02";
+  row.thread = "vllm-project/vllm#48438";
+  row.mechanism_class = "F (+A)";
+  row.mechanism =
+      "a plain C++ kernel object holding Marlin's `workspace`, made anew on every load; the sort "
+      "indices `g_idx_sort_indices` rebound on the layer";
+  // A plain C++ kernel object, and sort indices rebound on the layer.
+  row.flagged = {"kernel.workspace", "g_idx_sort_indices", "aten::add.Tensor arg 1 (other)",
+                 "replay"};
+  row.reading =
+      "The reads move with them: `aten::index.Tensor arg 1[1] (indices)` (the sort indices) and "
+      "`aten::add.Tensor arg 1 (other)` (the workspace); `replay`: the captured ops permute the "
+      "input with the old sort indices while the weight's rows are in the new order.";
+  row.fix =
+      "the sort indices are refilled in place (`refill_derived`), the workspace is made once and "
+      "zeroed on every later load (`marlin_make_workspace_new(existing=...)` upstream).";
+  return row;
+}());
+
+// Z37: FP8 attention keeps its K scale twice, as a device tensor the refit
+// overwrites and as a host float, `_k_scale_float`, that the FlashInfer
+// TRT-LLM-Gen kernel takes as a launch argument. The refit first left the float
+// stale; the fix (ModelExpress #711, #783) refreshes it after every weight
+// update, which is right in eager mode, while a captured graph keeps launching
+// with the number it was captured with (the fix leaves graphs out of scope).
+// The buggy backend here is that eager fix: every post-processing refreshes the
+// float. No address moves and the live forward is right; the host_numbers step
+// names the float.
 
 constexpr int64_t kHeadSize = 16, kModel = 32;  // K projection: [head size, hidden]
 
@@ -412,17 +472,45 @@ class HostKScaleFixed : public HostKScale {
   }
 };
 
-// Z34 -- TensorRT-LLM #14330: after the first load, the FP8 layer's kernels
-// read a tensor its method's metadata keeps (#11267). Every refit then made
-// a new staging parameter in checkpoint layout (torch.empty_like of the
-// saved meta tensor), loaded into it and copied the result over the kept
-// tensor, and the staging stayed until the next refit made another: one
-// weight's bytes more than the cold load from the first reload on, and two
-// stagings at once while each later reload ran; with many layers, an OOM.
-// No address moves and every value is right. Here the staging is kept in the
-// layer's refit metadata, which the weight loader reaches; the weight is a
-// float standing in for FP8, and the transform is a plain copy. The fix
-// loads into the weight's own storage.
+const bool kZ37 = register_zoo_pair<HostKScaleBuggy, HostKScaleFixed>([] {
+  ZooRow row;
+  row.id = "Z37";
+  row.thread = "ai-dynamo/modelexpress#782";
+  row.mechanism_class = "D";
+  row.mechanism =
+      "the K scale kept as a host float `_k_scale_float` on the layer, refreshed by every "
+      "post-processing and handed to the op as a number";
+  // A host float the forward hands to an op: the captured ops replay the
+  // old number, and without the host_numbers step only that shows.
+  row.flagged = {"_k_scale_float", "replay"};
+  row.flagged_without_steps = std::vector<std::string>{"replay"};
+  row.construction =
+      "The buggy backend is the eager fix (ModelExpress #711, #783): every post-processing "
+      "refreshes `_k_scale_float` from the loaded `k_scale`, and the forward multiplies by it as "
+      "a number (`aten::mul.Scalar`). The live forward is right; a captured graph launches with "
+      "the number it was captured with. Both backends name their host numbers (`host_numbers()`): "
+      "the attention's softmax `scale` (head_size ** -0.5, fixed by the shapes) and, in the buggy "
+      "one, `_k_scale_float`. The buggy backend reads its scale with `.item()`, which the meta "
+      "device cannot answer, so the device-clean probe says nothing about it.";
+  row.reading =
+      "`replay` at every reload: the captured ops hold the old number. The `host_numbers` step "
+      "names the number.";
+  row.fix =
+      "the forward multiplies by the `k_scale` tensor, which its loader refills in place, and no "
+      "host copy is kept.";
+  return row;
+}());
+
+// Z34: after the first load, the FP8 layer's kernels read a tensor its method's
+// metadata keeps (#11267). Every refit then made a new staging parameter in
+// checkpoint layout (torch.empty_like of the saved meta tensor), loaded into it
+// and copied the result over the kept tensor, and the staging stayed until the
+// next refit made another: one weight's bytes more than the cold load from the
+// first reload on, and two stagings at once while each later reload ran; with
+// many layers, an OOM. No address moves and every value is right. Here the
+// staging is kept in the layer's refit metadata, which the weight loader
+// reaches; the weight is a float standing in for FP8, and the transform is a
+// plain copy. The fix loads into the weight's own storage.
 
 constexpr int64_t kRefitOut = 32, kRefitIn = 64;
 constexpr int64_t kRefitWeightBytes = kRefitOut * kRefitIn * 4;  // float
@@ -500,15 +588,45 @@ class Fp8RefitStagingFixed : public Fp8RefitStaging {
   }
 };
 
-// Z19 -- vLLM #49774: with speculative decoding the draft model sits beside
-// the target, and level-2 sleep saved and restored the target's buffers
-// only. The drafter's non-persistent buffers (the rotary `cos_sin_cache`,
-// built once at construction and never written by a load) came back as
-// garbage: the target's outputs looked right while draft acceptance
-// collapsed. Here the drafter is a torch::nn::Module the layer keeps through
-// a std::shared_ptr without register_module(), so the layer's buffers() do
-// not reach it; the fix registers it. Without a sleep nothing ever writes the
-// table, so only the sleep step (level 2, or 1) shows the bug.
+const bool kZ34 = register_zoo_pair<Fp8RefitStagingBuggy, Fp8RefitStagingFixed>([] {
+  ZooRow row;
+  row.id = "Z34";
+  row.thread = "NVIDIA/TensorRT-LLM#14330";
+  row.mechanism_class = "G";
+  row.mechanism =
+      "the weight loader stages every reload in a fresh tensor kept in the layer's refit metadata "
+      "until the next reload";
+  // Over the cold load's footprint and over the reload's peak budget, both
+  // named "memory".
+  row.flagged = {"memory"};
+  row.flagged_without_steps = std::vector<std::string>{};
+  row.construction =
+      "After the first load (which goes into the parameter), the buggy weight loader makes a "
+      "staging tensor in checkpoint layout on every reload, loads into it and keeps it in the "
+      "layer's refit metadata, where post-processing copies it over the weight the forward reads; "
+      "the previous reload's staging is let go only once the new one exists. The weight is a float "
+      "[32, 64] standing in for FP8 (8192 bytes); the transform upstream is left out.";
+  row.reading =
+      "Each reload's peak is one staging above what was live before it, and the footprint after "
+      "it one weight above the cold load's. No address moves, every value is right, and memory "
+      "does not grow after the first reload (one staging replaces the other).";
+  row.fix =
+      "every reload loads into the weight's own storage (the default loader). The upstream fix "
+      "caches one staging buffer made at the first reload instead; against these bounds that "
+      "buffer would be one weight over the cold load's footprint and over the first reload's "
+      "budget, as the bug is.";
+  return row;
+}());
+
+// Z19: with speculative decoding the draft model sits beside the target, and
+// level-2 sleep saved and restored the target's buffers only. The drafter's
+// non-persistent buffers (the rotary `cos_sin_cache`, built once at
+// construction and never written by a load) came back as garbage: the target's
+// outputs looked right while draft acceptance collapsed. Here the drafter is a
+// torch::nn::Module the layer keeps through a std::shared_ptr without
+// register_module(), so the layer's buffers() do not reach it; the fix
+// registers it. Without a sleep nothing ever writes the table, so only the
+// sleep step (level 2, or 1) shows the bug.
 
 constexpr int64_t kRotary = 32, kDraftOut = 16;
 
@@ -578,14 +696,39 @@ class DraftRopeCacheFixed : public DraftRopeCache {
   }
 };
 
-// Z09 -- vLLM #50523: the mxfp4 MoE pads its dims for alignment (gpt-oss's
-// 2880 to 2944); construction zeroes the padded weights and the loaders
-// write only the checkpoint's slice. Layerwise reload re-creates every
-// parameter uninitialised before loading into it, so the pad holds what the
-// memory held, and through the padded channels it reaches every real output:
-// a reload of the same weights diverged from the first token with every
-// address kept. A reload into the tensors construction made never shows it
-// (the pad keeps its zeros); the fix zeroes the pad on every load.
+const bool kZ19 = register_zoo_pair<DraftRopeCacheBuggy, DraftRopeCacheFixed>([] {
+  ZooRow row;
+  row.id = "Z19";
+  row.thread = "vllm-project/vllm#49774";
+  row.mechanism_class = "O2";
+  row.mechanism =
+      "a drafter `torch::nn::Module` kept through a `std::shared_ptr` without "
+      "`register_module()`, its constant `cos_sin_cache` buffer out of what wake restores";
+  // A drafter's table that no wake restores.
+  row.flagged = {"drafter.cos_sin_cache", "forward", "replay"};
+  row.computes_wrong_values = true;
+  row.flagged_without_steps = std::vector<std::string>{};
+  row.construction =
+      "The drafter is a `torch::nn::Module` whose rotary `cos_sin_cache` is a buffer built at "
+      "construction and never written by a load. The buggy layer keeps it through a "
+      "`std::shared_ptr` member without `register_module()`, so the layer's `buffers()` (what "
+      "wake restores at level 2) miss it. Both backends declare the table as "
+      "`drafter.cos_sin_cache` (`held_tensors()`: `Layer::get` does not reach into a submodule).";
+  row.reading =
+      "The table comes back from every sleep as NaN, and `forward` and `replay` read it at every "
+      "reload. Nothing but a sleep writes the table.";
+  row.fix = "the drafter registered as the submodule `drafter`, so its buffer is restored on wake.";
+  return row;
+}());
+
+// Z09: the mxfp4 MoE pads its dims for alignment (gpt-oss's 2880 to 2944);
+// construction zeroes the padded weights and the loaders write only the
+// checkpoint's slice. Layerwise reload re-creates every parameter uninitialised
+// before loading into it, so the pad holds what the memory held, and through
+// the padded channels it reaches every real output: a reload of the same
+// weights diverged from the first token with every address kept. A reload into
+// the tensors construction made never shows it (the pad keeps its zeros); the
+// fix zeroes the pad on every load.
 
 constexpr int64_t kMoeReal = 30, kMoeRealIn = 45, kMoePad = 32, kMoePadIn = 48;
 
@@ -656,15 +799,40 @@ class PaddedMoeFixed : public PaddedMoe {
   }
 };
 
-// Z20 -- vLLM #49695: the FlashInfer MoE path kept the row permutation of
-// its gate/up shuffle in a module-level cache keyed by shape and device,
-// read by post-processing. The cache is nothing the layer holds, so a
-// level-2 sleep discarded its contents (it lived in the same device memory)
-// and no wake restored them: the next reload shuffled the new weights with
-// garbage indices. The fix keeps the indices in a registered buffer, which
-// every wake restores. The backend names the cache for the steps
-// (Backend::module_caches): slept with the layer, compared under
-// compare_state, and emptied for the cold loads made aside.
+const bool kZ09 = register_zoo_pair<PaddedMoeBuggy, PaddedMoeFixed>([] {
+  ZooRow row;
+  row.id = "Z09";
+  row.thread = "vllm-project/vllm#50523";
+  row.mechanism_class = "C";
+  row.mechanism =
+      "padded `w13_weight` and `w2_weight` zeroed at construction only, the loader writing the "
+      "checkpoint's slice";
+  // Pads a re-created parameter leaves as garbage.
+  row.flagged = {"w13_weight", "w2_weight", "forward", "replay"};
+  row.computes_wrong_values = true;
+  row.flagged_without_steps = std::vector<std::string>{};
+  row.construction =
+      "`w13_weight` is [32, 48] and `w2_weight` [48, 32], zeros at construction, with checkpoint "
+      "layouts [30, 45] and [45, 30] (`_ckpt`) and a loader that writes the leading slice. The "
+      "forward pads the input with zeros and reads the whole padded weights, so a NaN in a pad "
+      "reaches every output.";
+  row.reading =
+      "Re-created before every load, the pads hold the sentinel, and `forward` and `replay` read "
+      "it at every reload. Reloaded into the tensors construction made, the pads keep their zeros.";
+  row.fix =
+      "post-processing zeroes the pad rows and columns on every load (upstream zero-fills at "
+      "re-creation).";
+  return row;
+}());
+
+// Z20: the FlashInfer MoE path kept the row permutation of its gate/up shuffle
+// in a module-level cache keyed by shape and device, read by post-processing.
+// The cache is nothing the layer holds, so a level-2 sleep discarded its
+// contents (it lived in the same device memory) and no wake restored them: the
+// next reload shuffled the new weights with garbage indices. The fix keeps the
+// indices in a registered buffer, which every wake restores. The backend names
+// the cache for the steps (Backend::module_caches): slept with the layer,
+// compared under compare_state, and emptied for the cold loads made aside.
 
 constexpr int64_t kPermRows = 16, kPermCols = 8;
 
@@ -761,6 +929,37 @@ class GlobalPermCacheFixed : public GlobalPermCache {
     return indices;
   }
 };
+
+const bool kZ20 = register_zoo_pair<GlobalPermCacheBuggy, GlobalPermCacheFixed>([] {
+  ZooRow row;
+  row.id = "Z20";
+  row.thread = "vllm-project/vllm#49695";
+  row.mechanism_class = "O4";
+  row.mechanism =
+      "the shuffle's row permutation in a module-level cache (`_cache_permute_indices`, a static "
+      "map keyed by shape and device) that post-processing reads, named through "
+      "`Backend::module_caches`";
+  // A module-level cache's entry no wake restores, read by the next
+  // reload's post-processing.
+  row.flagged = {"_cache_permute_indices[(16, cpu)]", "forward", "replay"};
+  row.computes_wrong_values = true;
+  row.flagged_without_steps = std::vector<std::string>{};
+  row.construction =
+      "Post-processing shuffles `w13` [16, 8] into the buffer `w13_shuffled` with a row "
+      "permutation it takes from `_cache_permute_indices`, a static map in the backend's file, "
+      "filled on first use. The backend names the cache (`Backend::module_caches`, a "
+      "`TensorMapCache` in `module_cache.h`), so the sleep step discards its entry with the "
+      "layer's tensors, `compare_state` compares it by name, and every cold load the harness "
+      "makes aside, and each mode, starts from an empty cache.";
+  row.reading =
+      "After each sleep the next reload's post-processing shuffles with garbage indices: "
+      "`w13_shuffled`, the cache's entry, the forward and the replay differ from a cold load. "
+      "Nothing but the sleep step writes the cache.";
+  row.fix =
+      "the permutation lives in a registered buffer, `permute_indices`, which every wake "
+      "restores.";
+  return row;
+}());
 
 }  // namespace
 
