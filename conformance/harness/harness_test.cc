@@ -1,4 +1,5 @@
 #include "conformance/harness/harness.h"
+#include "conformance/harness/backends/zoo_rows.h"
 #include "conformance/harness/report_format.h"
 
 #include "conformance/trace/read_trace.h"
@@ -47,61 +48,44 @@ TEST(ReloadHarness, EverySampleBackendKeepsEveryAddressInTheModesItClaims) {
   EXPECT_GE(samples, 7);
 }
 
-// What each negative control must be flagged with, in every mode.
+// What each negative control must be flagged with, in every mode: the
+// controls of backends/negative_controls.cc here, and the buggy backend of
+// each bug zoo row (backends/zoo_backends.cc) with its row's `flagged`.
 const std::map<std::string, std::vector<std::string>>& expected_flags() {
-  static const auto* flags = new std::map<std::string, std::vector<std::string>>{
-      {"neg_fresh_copy", {"weight", "aten::t arg 0 (self)", "replay"}},
-      {"neg_realloc_derived", {"W_UK", "aten::mm arg 1 (mat2)", "replay"}},
-      {"neg_undeclared_scale",
-       {"col_scale (undeclared)", "aten::div.Tensor arg 1 (other)", "replay"}},
-      {"neg_held_outside", {"undeclared tensor", "aten::mm arg 1 (mat2)", "replay"}},
-      {"neg_leak", {"memory"}},
-      // Permuting x and w alike gives the same product: a stale index still
-      // computes the right values, so only the op sequence gives it away.
-      {"neg_lazy_sort", {"op sequence"}},
-      // Reads through a kept raw pointer: nothing but the poisoned freed
-      // block (memory_census.h, Note [Poison quarantine]) gives it away.
-      {"neg_raw_pointer", {"forward"}},
-      // Re-made after every reload: missing at the declared check, and the
-      // traced forward now makes what the capture read from outside.
-      {"neg_workspace_per_reload", {"workspace"}},
-      // The C++ rows of the bug zoo (backends/zoo_backends.cc), under the
-      // names the upstream fixes used. A new TorchBind instance: the object
-      // and the tensors it holds, at the custom op and inside it.
-      {"zoo_Z01_cutlass_moe_buggy",
-       {"kernel", "kernel.ab_strides1", "kernel.c_strides1", "kernel.w1_scale",
-        "reloadsafe_zoo_cpp::cutlass_moe arg 3 (kernel)", "replay"}},
-      // A struct behind a pointer the layer does not declare.
-      {"zoo_Z05_machete_act_perm_buggy",
-       {"kernel.act_perm.perm (undeclared)", "aten::index.Tensor arg 1[1] (indices)", "replay"}},
-      // A plain C++ kernel object, and sort indices rebound on the layer.
-      {"zoo_Z02_marlin_workspace_buggy",
-       {"kernel.workspace", "g_idx_sort_indices", "aten::add.Tensor arg 1 (other)", "replay"}},
-      // The zoo rows only a step of ReloadSteps brings out, each with the
-      // step its backend asks for (Backend::steps()). A host float the
-      // forward hands to an op: the captured ops replay the old number.
-      {"zoo_Z37_host_k_scale_buggy", {"_k_scale_float", "replay"}},
-      // A staging copy made on every reload and kept: over the cold load's
-      // footprint and over the reload's peak budget, both named "memory".
-      {"zoo_Z34_fp8_refit_staging_buggy", {"memory"}},
-      // A drafter's table that no wake restores.
-      {"zoo_Z19_draft_rope_cache_buggy", {"drafter.cos_sin_cache", "forward", "replay"}},
-      // Pads a re-created parameter leaves as garbage.
-      {"zoo_Z09_mxfp4_padding_buggy", {"w13_weight", "w2_weight", "forward", "replay"}},
-      // A module-level cache's entry no wake restores, read by the next
-      // reload's post-processing.
-      {"zoo_Z20_global_perm_cache_buggy",
-       {"_cache_permute_indices[(16, cpu)]", "forward", "replay"}},
-  };
+  static const auto* flags = [] {
+    auto* flags = new std::map<std::string, std::vector<std::string>>{
+        {"neg_fresh_copy", {"weight", "aten::t arg 0 (self)", "replay"}},
+        {"neg_realloc_derived", {"W_UK", "aten::mm arg 1 (mat2)", "replay"}},
+        {"neg_undeclared_scale",
+         {"col_scale (undeclared)", "aten::div.Tensor arg 1 (other)", "replay"}},
+        {"neg_held_outside", {"undeclared tensor", "aten::mm arg 1 (mat2)", "replay"}},
+        {"neg_leak", {"memory"}},
+        // Permuting x and w alike gives the same product: a stale index still
+        // computes the right values, so only the op sequence gives it away.
+        {"neg_lazy_sort", {"op sequence"}},
+        // Reads through a kept raw pointer: nothing but the poisoned freed
+        // block (memory_census.h, Note [Poison quarantine]) gives it away.
+        {"neg_raw_pointer", {"forward"}},
+        // Re-made after every reload: missing at the declared check, and the
+        // traced forward now makes what the capture read from outside.
+        {"neg_workspace_per_reload", {"workspace"}},
+    };
+    for (const ZooRow& row : zoo_rows()) {
+      if (!flags->emplace(row.buggy, row.flagged).second) {
+        throw std::logic_error(row.buggy + " has flags of its own and a zoo row's");
+      }
+    }
+    return flags;
+  }();
   return *flags;
 }
 
-// The controls whose stale read computes wrong values on the CPU, and those
-// whose step (a sleep, re-created parameters) leaves garbage the forward
-// reads.
+// The controls whose stale read computes wrong values on the CPU: a zoo
+// row's buggy backend as its row says (a step, a sleep or re-created
+// parameters, leaves garbage the forward reads), and neg_raw_pointer.
 bool computes_wrong_values(const std::string& control) {
-  return control == "neg_raw_pointer" || control == "zoo_Z19_draft_rope_cache_buggy" ||
-         control == "zoo_Z09_mxfp4_padding_buggy" || control == "zoo_Z20_global_perm_cache_buggy";
+  if (const ZooRow* row = find_zoo_row(control)) return row->computes_wrong_values;
+  return control == "neg_raw_pointer";
 }
 
 TEST(ReloadHarness, EveryNegativeControlIsFlaggedWithTheRightTensorAndOp) {
@@ -138,16 +122,6 @@ const Backend& backend_named(const std::string& name) {
   throw std::runtime_error("no backend " + name);
 }
 
-// The C++ rows of the bug zoo, a pair each: the buggy backend is flagged in
-// both modes under the name the upstream fix used, the fixed one keeps
-// every address in both, without a warning, and passes with the steps the
-// buggy one asks for.
-struct ZooPair {
-  const char* buggy;
-  const char* fixed;
-  const char* upstream_name;
-};
-
 // `flagged` names `name`: it is the name, or starts with it and a space
 // ("scale (undeclared)") or a dot ("kernel.w1_scale" names "kernel").
 bool names(const std::string& flagged, const std::string& name) {
@@ -156,37 +130,65 @@ bool names(const std::string& flagged, const std::string& name) {
           flagged[name.size()] == '.' || flagged[name.size()] == '[');
 }
 
+// Every registered backend named "zoo_..." is one of a row's pair, and every
+// row (zoo_rows.h) names two registered backends: the buggy one a negative
+// control whose expected_violation() its row's `flagged` names, the fixed
+// one a sample; a row says what is flagged without steps exactly when its
+// buggy backend asks for some.
+TEST(BugZoo, EveryZooBackendHasARowAndEveryRowNamesRegisteredBackends) {
+  std::set<std::string> registered;
+  for (const auto& backend : BackendRegistry::instance().create_all()) {
+    if (backend->name().rfind("zoo_", 0) != 0) continue;
+    registered.insert(backend->name());
+    EXPECT_NE(find_zoo_row(backend->name()), nullptr)
+        << backend->name() << " has no row: register one beside it (zoo_rows.h)";
+  }
+  EXPECT_GE(registered.size(), 16u) << "the zoo's backends are not linked";
+  for (const ZooRow& row : zoo_rows()) {
+    SCOPED_TRACE(row.id);
+    for (const std::string& name : {row.buggy, row.fixed}) {
+      EXPECT_EQ(registered.count(name), 1u) << name << " is not registered";
+      EXPECT_EQ(name.rfind("zoo_" + row.id + "_", 0), 0u) << name << " does not carry the row's id";
+    }
+    if (registered.count(row.buggy) == 0 || registered.count(row.fixed) == 0) continue;
+    const Backend& buggy = backend_named(row.buggy);
+    EXPECT_TRUE(buggy.negative_control());
+    EXPECT_FALSE(backend_named(row.fixed).negative_control());
+    EXPECT_TRUE(
+        std::any_of(row.flagged.begin(), row.flagged.end(),
+                    [&](const std::string& f) { return names(f, buggy.expected_violation()); }))
+        << "the row's flagged names miss the upstream name " << buggy.expected_violation();
+    EXPECT_EQ(row.flagged_without_steps.has_value(), buggy.steps().any())
+        << "a row says what is flagged without steps exactly when its buggy backend asks for some";
+  }
+}
+
+// The C++ rows of the bug zoo (zoo_rows.h), a pair each: the buggy backend
+// is flagged in both modes under the name the upstream fix used (its
+// expected_violation()), the fixed one keeps every address in both, without
+// a warning, and passes with the steps the buggy one asks for.
 TEST(BugZoo, EachBuggyBackendIsFlaggedUnderTheUpstreamNameAndItsFixPasses) {
-  const ZooPair pairs[] = {
-      {"zoo_Z01_cutlass_moe_buggy", "zoo_Z01_cutlass_moe_fixed", "kernel.ab_strides1"},
-      {"zoo_Z05_machete_act_perm_buggy", "zoo_Z05_machete_act_perm_fixed", "kernel.act_perm"},
-      {"zoo_Z02_marlin_workspace_buggy", "zoo_Z02_marlin_workspace_fixed", "kernel.workspace"},
-      {"zoo_Z37_host_k_scale_buggy", "zoo_Z37_host_k_scale_fixed", "_k_scale_float"},
-      {"zoo_Z34_fp8_refit_staging_buggy", "zoo_Z34_fp8_refit_staging_fixed", "memory"},
-      {"zoo_Z19_draft_rope_cache_buggy", "zoo_Z19_draft_rope_cache_fixed", "drafter.cos_sin_cache"},
-      {"zoo_Z09_mxfp4_padding_buggy", "zoo_Z09_mxfp4_padding_fixed", "w13_weight"},
-      {"zoo_Z20_global_perm_cache_buggy", "zoo_Z20_global_perm_cache_fixed",
-       "_cache_permute_indices"},
-  };
+  ASSERT_GE(zoo_rows().size(), 8u) << "the zoo's rows are not linked";
   RunOptions options = quick();
   options.max_listed = 1000;
-  for (const ZooPair& pair : pairs) {
-    SCOPED_TRACE(pair.buggy);
-    const Backend& buggy = backend_named(pair.buggy);
+  for (const ZooRow& row : zoo_rows()) {
+    SCOPED_TRACE(row.id + " " + row.buggy);
+    const Backend& buggy = backend_named(row.buggy);
     EXPECT_TRUE(buggy.negative_control());
-    EXPECT_EQ(buggy.expected_violation(), pair.upstream_name);
+    const std::string upstream_name = buggy.expected_violation();
+    ASSERT_NE(upstream_name, "");
     const BackendReport flagged = run_backend(buggy, options);
     ASSERT_EQ(flagged.modes.size(), 2u);
     for (const auto& mode : flagged.modes) {
       SCOPED_TRACE(to_string(mode.mode));
       EXPECT_EQ(mode.error, "");
       EXPECT_TRUE(std::any_of(mode.flagged.begin(), mode.flagged.end(), [&](const std::string& f) {
-        return names(f, pair.upstream_name);
+        return names(f, upstream_name);
       })) << to_table({flagged});
     }
     EXPECT_TRUE(flagged.ok());
 
-    const Backend& fixed = backend_named(pair.fixed);
+    const Backend& fixed = backend_named(row.fixed);
     EXPECT_FALSE(fixed.negative_control());
     RunOptions with_buggy_steps = options;
     with_buggy_steps.steps = buggy.steps();
@@ -203,7 +205,6 @@ TEST(BugZoo, EachBuggyBackendIsFlaggedUnderTheUpstreamNameAndItsFixPasses) {
   }
 }
 
-// Whether `steps` asks for any step at all.
 // A Backend's subject with the steps it asks for taken away: what a run
 // without them sees.
 class WithoutItsSteps : public BackendSubject {
@@ -219,25 +220,17 @@ class WithoutItsSteps : public BackendSubject {
 // The zoo rows only a step brings out: each buggy backend asks for its step
 // (Backend::steps(), which the subject hands the protocol as
 // SubjectInfo::steps), and without it the upstream name is flagged in
-// neither mode: what is flagged then is `flagged_without`, nothing for all
-// but Z37, whose captured ops still replay the old number (so its replay
-// differs, and only the host_numbers step says which number).
+// neither mode: what is flagged then is exactly the row's
+// `flagged_without_steps` (nothing, or for Z37, whose captured ops still
+// replay the old number, `replay`: only the host_numbers step says which
+// number).
 TEST(BugZoo, EachBackendThatAsksForAStepIsNotNamedWithoutIt) {
-  struct Row {
-    const char* buggy;
-    const char* upstream_name;
-    std::vector<std::string> flagged_without;
-  };
-  const Row rows[] = {
-      {"zoo_Z37_host_k_scale_buggy", "_k_scale_float", {"replay"}},
-      {"zoo_Z34_fp8_refit_staging_buggy", "memory", {}},
-      {"zoo_Z19_draft_rope_cache_buggy", "drafter.cos_sin_cache", {}},
-      {"zoo_Z09_mxfp4_padding_buggy", "w13_weight", {}},
-      {"zoo_Z20_global_perm_cache_buggy", "_cache_permute_indices", {}},
-  };
   const RunOptions options = quick();
-  for (const Row& row : rows) {
-    SCOPED_TRACE(row.buggy);
+  int rows = 0;
+  for (const ZooRow& row : zoo_rows()) {
+    if (!row.flagged_without_steps) continue;
+    ++rows;
+    SCOPED_TRACE(row.id + " " + row.buggy);
     const Backend& buggy = backend_named(row.buggy);
     EXPECT_TRUE(buggy.steps().any());
     EXPECT_TRUE(BackendSubject(buggy, options.device).info().steps.any())
@@ -250,14 +243,16 @@ TEST(BugZoo, EachBackendThatAsksForAStepIsNotNamedWithoutIt) {
       SCOPED_TRACE(to_string(mode.mode));
       EXPECT_EQ(mode.error, "");
       EXPECT_EQ(mode.reloads_done, options.reloads);
-      EXPECT_FALSE(std::any_of(mode.flagged.begin(), mode.flagged.end(),
-                               [&](const std::string& f) { return names(f, row.upstream_name); }))
+      EXPECT_FALSE(
+          std::any_of(mode.flagged.begin(), mode.flagged.end(),
+                      [&](const std::string& f) { return names(f, buggy.expected_violation()); }))
           << "named without its step\n"
           << to_table({report});
-      EXPECT_EQ(mode.flagged, row.flagged_without) << to_table({report});
+      EXPECT_EQ(mode.flagged, *row.flagged_without_steps) << to_table({report});
       EXPECT_TRUE(mode.warnings.empty()) << to_table({report});
     }
   }
+  EXPECT_GE(rows, 5) << "the zoo's rows with steps are not linked";
 }
 
 // A TorchBind instance handed to its op from C++ is named by the instance:
