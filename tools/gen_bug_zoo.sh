@@ -2,7 +2,8 @@
 # Regenerates docs/bug-zoo.md from the bug zoo (python/tests/zoo): builds the
 # Python package, runs every buggy and fixed layer through check_reload, and
 # prints the check time of each pair. python/tests/test_zoo.py fails when the
-# committed file differs from what this writes.
+# committed file differs from what this writes. The C++ rows' page,
+# docs/bug-zoo-cpp.md, has its own generator: tools/gen_bug_zoo_cpp.sh.
 #
 #   tools/gen_bug_zoo.sh            # after tools/setup.sh
 set -euo pipefail
