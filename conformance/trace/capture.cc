@@ -32,8 +32,12 @@ constexpr std::string_view kDropoutFrontEnds[] = {
 
 bool is_random(std::string_view op) {
   const std::string_view base = op.substr(0, op.find('.'));
-  if (std::any_of(std::begin(kDropoutFrontEnds), std::end(kDropoutFrontEnds),
-                  [&](std::string_view f) { return base == f || base == std::string(f) + "_"; })) {
+  const auto front_end = [&](std::string_view f) {
+    // The op itself or its in-place form ("aten::dropout_").
+    return base.substr(0, f.size()) == f &&
+           (base.size() == f.size() || (base.size() == f.size() + 1 && base.back() == '_'));
+  };
+  if (std::any_of(std::begin(kDropoutFrontEnds), std::end(kDropoutFrontEnds), front_end)) {
     return false;
   }
   return std::any_of(std::begin(kRandomOps), std::end(kRandomOps),
