@@ -169,13 +169,13 @@ at::Tensor draw_run_input(ReloadSubject& subject, const RunOptions& options) {
 // `loaded`, if given, runs between the two: what the layer holds then is
 // what its load made.
 void cold_load_and_warm_up(ReloadSubject& subject, const RunOptions& options, const at::Tensor& x,
-                           const std::function<void()>& loaded = {}) {
+                           bool under_trace, const std::function<void()>& loaded = {}) {
   subject.cold_load(subject.draw_checkpoint(options.seed));
   if (loaded) loaded();
   // Engines run the forward before they capture; state it makes and keeps
   // (a workspace, a first-forward repack) belongs to the capture.
   subject.forward(x);
-  if (options.trace) {
+  if (options.trace && under_trace) {
     // Note [A warm-up under the trace's key]
     // Code that depends on the thread's dispatch keys runs otherwise under
     // the trace, whose key is on: torch.compile's guards include the keys,
@@ -184,7 +184,9 @@ void cold_load_and_warm_up(ReloadSubject& subject, const RunOptions& options, co
     // do not (AOTAutograd's first call). An engine warms up every variant it
     // captures; the protocol warms this one up too, under a trace that
     // records nothing beyond the top-level calls and is dropped, so the
-    // capture sees what every later forward runs.
+    // capture sees what every later forward runs. Only for a subject that
+    // says its forward may be such code (SubjectInfo::warm_up_under_trace):
+    // for any other it is a forward more, and nothing to see.
     trace::ReadTrace warm_up(trace::ReadTrace::Options{/*nested=*/false, /*hook=*/nullptr});
     subject.forward(x);
   }
@@ -206,6 +208,7 @@ class ModeRun {
         input_(input),
         sink_(report_, options.max_listed),
         memory_tolerance_(info.memory_tolerance_bytes),
+        warm_up_under_trace_(info.warm_up_under_trace),
         steps_(options.steps.merged_with(info.steps)) {
     report_.mode = mode;
     report_.expected_to_pass =
@@ -254,7 +257,7 @@ class ModeRun {
   void start() {
     if (!input_.defined()) input_ = draw_run_input(subject_, options_);
     x_ = input_.clone();
-    cold_load_and_warm_up(subject_, options_, x_, [&] {
+    cold_load_and_warm_up(subject_, options_, x_, warm_up_under_trace_, [&] {
       if (steps_.sleep_level == 1) remember_loaded_storages();
     });
     const auto bytes = at::TensorOptions().dtype(at::kByte);
@@ -725,6 +728,7 @@ class ModeRun {
   ModeReport report_;
   ViolationSink sink_;
   const int64_t memory_tolerance_;
+  const bool warm_up_under_trace_;  // SubjectInfo::warm_up_under_trace
   const ReloadSteps steps_;
   std::vector<NamedNumber> captured_numbers_;            // host_numbers: as captured
   std::set<std::string> flagged_numbers_;                // host_numbers: names flagged
@@ -799,7 +803,7 @@ BackendReport run_subject(ReloadSubject& subject, const RunOptions& options) {
 
 std::vector<CapturedRead> captured_reads(ReloadSubject& subject, const RunOptions& options) {
   const at::Tensor x = draw_run_input(subject, options);
-  cold_load_and_warm_up(subject, options, x);
+  cold_load_and_warm_up(subject, options, x, subject.info().warm_up_under_trace);
   const Capture c = capture(subject, x);
   std::vector<CapturedRead> reads = c.forward->reads(*c.names);
   subject.release();

@@ -61,6 +61,12 @@ struct SubjectInfo {
   /// (RunOptions::steps): a subject whose bug only shows after a sleep asks
   /// for one.
   ReloadSteps steps;
+  /// The forward may run code compiled for the thread's dispatch keys
+  /// (torch.compile guards on them): the protocol warms it up under the
+  /// trace's key too before the capture (Note [A warm-up under the trace's
+  /// key] in protocol.cc). Off for C++ backends, whose code has no such
+  /// variants; the Python subject sets it where torch.compile can run.
+  bool warm_up_under_trace = false;
 };
 
 class ReloadSubject {

@@ -182,6 +182,7 @@ class SubjectInfo:
     expected_violation: str
     memory_tolerance_bytes: int
     steps: ReloadSteps
+    warm_up_under_trace: bool
 
 class ReloadSubject:
     """Derive in Python and override info, draw_checkpoint, draw_input,

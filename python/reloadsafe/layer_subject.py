@@ -9,6 +9,7 @@ import copy
 import functools
 import gc
 import numbers
+import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Callable, Union
 
@@ -140,7 +141,7 @@ class LayerSubject(_C.ReloadSubject):
 
     # What the protocol calls.
     def info(self) -> Any:
-        return _C.SubjectInfo(
+        info = _C.SubjectInfo(
             self.name,
             self.description,
             [_C.ReloadMode.normal if m == "normal" else _C.ReloadMode.direct for m in self.modes],
@@ -148,6 +149,10 @@ class LayerSubject(_C.ReloadSubject):
             self.expect_violation or "",
             self.memory_tolerance_bytes,
         )
+        # Where torch.compile is loaded, the forward may run code compiled
+        # for the thread's dispatch keys: warmed up under the trace's key too.
+        info.warm_up_under_trace = "torch._dynamo" in sys.modules
+        return info
 
     def cold_load(self, ckpt: Checkpoint) -> None:
         self._end_mode_caches()

@@ -255,7 +255,8 @@ void bind_protocol(py::module_& m) {
       .def_readonly("negative_control", &SubjectInfo::negative_control)
       .def_readonly("expected_violation", &SubjectInfo::expected_violation)
       .def_readonly("memory_tolerance_bytes", &SubjectInfo::memory_tolerance_bytes)
-      .def_readonly("steps", &SubjectInfo::steps);
+      .def_readonly("steps", &SubjectInfo::steps)
+      .def_readwrite("warm_up_under_trace", &SubjectInfo::warm_up_under_trace);
 
   py::class_<ReloadSubject, PySubject>(m, "ReloadSubject")
       .def(py::init<>())
