@@ -56,6 +56,10 @@ std::string to_json(const std::vector<BackendReport>& reports, const RunOptions&
   return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+// The violations and warnings of a mode the table lists; the rest are
+// counted, with every name flagged.
+constexpr size_t kTableLines = 3;
+
 std::string to_table(const std::vector<BackendReport>& reports) {
   std::ostringstream os;
   auto cell = [](const ModeReport& m) {
@@ -97,17 +101,29 @@ std::string to_table(const std::vector<BackendReport>& reports) {
         }
         os << head << error << "\n";
       }
-      for (size_t i = 0; i < m.violations.size() && i < 3; ++i) {
-        const Violation& v = m.violations[i];
+      size_t shown = 0;
+      for (; shown < m.violations.size() && shown < kTableLines; ++shown) {
+        const Violation& v = m.violations[shown];
         os << tag << "reload " << v.reload << ": ";
         if (!v.read.empty()) os << v.read << " ";
         os << (v.read.empty() ? v.tensor : "(" + v.tensor + ")") << " " << v.what << ": "
            << v.before << " -> " << v.after << "\n";
       }
-      for (size_t i = 0; i < m.warnings.size() && i < 3; ++i) {
+      // Nothing hidden without saying so: how many more, and every name
+      // flagged (a layer with five rebuilt tensors shows five).
+      if (m.violation_count > static_cast<int>(shown)) {
+        os << tag << "and " << (m.violation_count - static_cast<int>(shown))
+           << " more violations; flagged: ";
+        for (size_t i = 0; i < m.flagged.size(); ++i) os << (i ? ", " : "") << m.flagged[i];
+        os << "\n";
+      }
+      for (size_t i = 0; i < m.warnings.size() && i < kTableLines; ++i) {
         const Warning& w = m.warnings[i];
         os << tag << "warning: " << (w.read.empty() ? "" : w.read + " ") << "(" << w.tensor << ") "
            << w.message << "\n";
+      }
+      if (m.warnings.size() > kTableLines) {
+        os << tag << "and " << (m.warnings.size() - kTableLines) << " more warnings\n";
       }
     }
   }

@@ -199,11 +199,17 @@ TEST(ToTable, GivesEachBackendItsCellsAndVerdict) {
   }
 }
 
-TEST(ToTable, ListsAtMostThreeViolationsAndThreeWarningsPerMode) {
+// Three violations and three warnings per mode in full; the rest counted,
+// with every name flagged, so a layer with five rebuilt tensors shows five.
+TEST(ToTable, ListsThreeViolationsAndWarningsPerModeAndCountsTheRestWithEveryNameFlagged) {
   BackendReport r = failing_sample();
   ModeReport& direct = r.modes[1];
   direct.violations.clear();
-  for (int i = 1; i <= 5; ++i) direct.violations.push_back(moved(i, "w" + std::to_string(i)));
+  direct.flagged.clear();
+  for (int i = 1; i <= 5; ++i) {
+    direct.violations.push_back(moved(i, "w" + std::to_string(i)));
+    direct.flagged.push_back("w" + std::to_string(i));
+  }
   direct.warnings.assign(5, direct.warnings[0]);
   direct.violation_count = 5;
   const std::string table = to_table({r});
@@ -211,7 +217,10 @@ TEST(ToTable, ListsAtMostThreeViolationsAndThreeWarningsPerMode) {
   EXPECT_EQ(count(table, "  sample [direct] warning: "), 3u) << table;
   EXPECT_NE(table.find("  sample [direct] reload 1: w1 address: 0x10 -> 0x20\n"), std::string::npos)
       << table;
-  EXPECT_EQ(table.find("w4"), std::string::npos) << table;
+  EXPECT_NE(table.find("  sample [direct] and 2 more violations; flagged: w1, w2, w3, w4, w5\n"),
+            std::string::npos)
+      << table;
+  EXPECT_NE(table.find("  sample [direct] and 2 more warnings\n"), std::string::npos) << table;
 }
 
 TEST(ToTable, LinesUpAMultiLineErrorUnderItsFirstLine) {

@@ -680,3 +680,22 @@ def test_a_forward_that_raises_after_a_reload_is_a_violation():
     assert mode["violations"][0]["tensor"] == "reload", report.table()
     assert "the forward after the reload raised" in mode["violations"][0]["what"], report.table()
     assert "kernel handle lost on reload" in mode["violations"][0]["after"], report.table()
+
+
+def test_a_layer_with_five_rebuilt_tensors_shows_all_five():
+    class FiveRebuilt(sl.KernelOwner):
+        def process_weights_after_loading(self):
+            super().process_weights_after_loading()
+            for i in range(5):
+                setattr(self, f"derived{i}", self.weight.sum(0) * (i + 1))  # a new tensor every load
+
+        def forward(self, x):
+            out = super().forward(x)
+            for i in range(5):
+                out = out + getattr(self, f"derived{i}")[:16]
+            return out
+
+    table = check_reload(FiveRebuilt, torch.randn(8, 64), reloads=2).table()
+    for i in range(5):
+        assert f"derived{i}" in table, table
+    assert "more violations; flagged:" in table, table
