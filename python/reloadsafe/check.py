@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -215,6 +215,7 @@ def check_reload(
     load is the violation ``cuda graph replay`` (the same C++ protocol as
     ``reload_harness --device cuda``).
     """
+    arguments = dict(locals())  # for the look at a value failure's culprit, below
     reloads = whole_number("reloads", reloads, 1, example=10)
     seed = whole_number("seed", seed, 0, example=1)
     try:
@@ -263,8 +264,51 @@ def check_reload(
         preflight(subject, device_clean=device_clean,
                   numbers=steps.host_numbers or steps.compare_state or steps.compare_forward_state)
         report = _C.run_subject(subject, options)
-        hint = "" if report.ok() else subject.layout_hint()
-    return ReloadReport(report, options, f"  {hint}" if hint else "")
+        layout = "" if report.ok() else subject.layout_hint()
+    result = ReloadReport(report, options, [layout] if layout else [])
+    culprit = _name_the_culprit(result, arguments)
+    if culprit:
+        result.notes.append(culprit)
+    return result
+
+
+#: The violations that say values differ, and name no tensor or number.
+_VALUES_ONLY = frozenset({"forward", "replay", "cuda graph replay"})
+
+
+def _name_the_culprit(report: ReloadReport, arguments: dict[str, Any]) -> str:
+    """Note [Naming a value failure's culprit]: a check that fails only on
+    values (the forward or a replay differs from a cold load) names no
+    tensor. The usual culprits (a number the post-processing computes into
+    a Python float, a derived tensor a reload does not refresh) are what
+    ``host_numbers`` and ``compare_state`` name, so the check runs again
+    with both, a few reloads, and says what they named, or that they named
+    nothing."""
+    flagged = set(report.flagged)
+    if report.ok or report.errors or arguments["expect_violation"] is not None:
+        return ""
+    if not flagged or not flagged <= _VALUES_ONLY:
+        return ""
+    if arguments["compare_state"] and arguments["host_numbers"]:
+        return ""
+    try:
+        again = check_reload(**{**arguments, "compare_state": True, "host_numbers": True,
+                                "reloads": min(int(arguments["reloads"]), 4)})
+    except Exception:  # noqa: BLE001 - the note adds to a failure already reported
+        return ""
+    named: dict[str, str] = {}
+    for mode in again.modes.values():
+        for v in mode["violations"]:
+            if v["tensor"] not in _VALUES_ONLY:
+                named.setdefault(v["tensor"], v["what"])
+    if not named:
+        return ("host_numbers=True and compare_state=True name nothing more: what the forward reads "
+                "stale is no tensor or number the layer reaches (a pointer a kernel kept, another "
+                "thread's work)")
+    listed = "; ".join(f"'{n}' ({what})" for n, what in list(named.items())[:5])
+    more = f"; and {len(named) - 5} more" if len(named) > 5 else ""
+    return (f"The values differ, and host_numbers=True, compare_state=True name why: {listed}{more}. "
+            "Pass them to check_reload to have these in the report")
 
 
 @contextlib.contextmanager

@@ -3,6 +3,7 @@ table), machines (the C++ harness's JSON) and pytest (``raise_for_violations``).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from ._loader import _C
@@ -20,10 +21,10 @@ class ReloadReport:
     ``modes`` has the details per mode as plain dicts.
     """
 
-    def __init__(self, report: Any, options: Any, hint: str = "") -> None:
+    def __init__(self, report: Any, options: Any, notes: Sequence[str] = ()) -> None:
         self._report = report
         self._options = options
-        self._hint = hint
+        self.notes: list[str] = list(notes)
 
     @property
     def name(self) -> str:
@@ -45,11 +46,12 @@ class ReloadReport:
         return json.loads(self.json())["backends"][0]
 
     def table(self) -> str:
-        """The verdict table with every listed violation and warning (and,
-        for a failed check whose load leaves a tensor in another layout than
-        the checkpoint's, a note saying so)."""
+        """The verdict table with every listed violation and warning, then
+        the notes of a failed check (``notes``: a tensor a load left in
+        another layout than the checkpoint's; the names a value failure's
+        culprit has, which ``check_reload`` looks up itself)."""
         table = _C.to_table([self._report])
-        return f"{table}{self._hint}\n" if self._hint else table
+        return table + "".join(f"  {note}\n" for note in self.notes)
 
     @property
     def modes(self) -> dict[str, dict[str, Any]]:

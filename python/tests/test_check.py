@@ -699,3 +699,48 @@ def test_a_layer_with_five_rebuilt_tensors_shows_all_five():
     for i in range(5):
         assert f"derived{i}" in table, table
     assert "more violations; flagged:" in table, table
+
+
+# Note [Naming a value failure's culprit]: a failure on values alone is
+# looked at again with host_numbers and compare_state, and the report says
+# what they name.
+
+
+class _HostFloatScale(sl.KernelOwner):
+    """The scale kept as a Python float: a captured graph keeps the old one."""
+
+    def process_weights_after_loading(self):
+        super().process_weights_after_loading()
+        self.scale_float = float(self.col_scale.max()) + 1.0
+
+    def forward(self, x):
+        return super().forward(x) * self.scale_float
+
+
+class _SkipsPostProcessingOnReload(sl.KernelOwner):
+    """Post-processing that runs on the first load only: the derived scale
+    is stale after every reload."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("row_scale", torch.ones(16))
+        self._done = False
+
+    def process_weights_after_loading(self):
+        if self._done:
+            return
+        super().process_weights_after_loading()
+        self.row_scale.copy_(self.weight.abs().amax(1) + 1.0)
+        self._done = True
+
+    def forward(self, x):
+        return super().forward(x) * self.row_scale
+
+
+@pytest.mark.parametrize(("cls", "culprit"), [(_HostFloatScale, "scale_float"),
+                                               (_SkipsPostProcessingOnReload, "col_scale")])
+def test_a_failure_on_values_alone_names_its_culprit(cls, culprit):
+    report = check_reload(cls, torch.randn(8, 64), reloads=3)
+    assert not report.ok and set(report.flagged) <= {"forward", "replay"}, report.table()
+    table = report.table()
+    assert "host_numbers=True, compare_state=True name why" in table and f"'{culprit}'" in table, table
