@@ -269,6 +269,13 @@ def check_reload(
     culprit = _name_the_culprit(result, arguments)
     if culprit:
         result.notes.append(culprit)
+    if not result.ok:
+        from .glossary import kinds_in  # a failure's reader only
+
+        kinds = kinds_in(result)
+        if kinds:
+            result.notes.append("What these mean and how to fix them: docs/violations.md ("
+                                + ", ".join(f"#{k.anchor}" for k in kinds) + ")")
     return result
 
 
