@@ -9,6 +9,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def _generator():
     spec = importlib.util.spec_from_file_location("api_reference", ROOT / "tools" / "api_reference.py")
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
