@@ -26,7 +26,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: reload_harness [--reloads N] [--device cpu|cuda[:I]] [--backend NAME] [--seed S]\n"
     "                      [--json PATH] [--no-trace] [--trace] [--build-info]\n"
-    "  steps around each reload (README, \"Harness steps\"):\n"
+    "  steps around each reload (docs/harness-steps.md):\n"
     "                      [--sleep 1|2] [--recreate-parameters] [--host-numbers]\n"
     "                      [--compare-state] [--compare-forward-state]\n"
     "                      [--cold-footprint-tolerance BYTES]\n"

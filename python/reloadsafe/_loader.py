@@ -16,7 +16,7 @@ except ImportError as e:  # pragma: no cover - depends on the installation
     raise ImportError(
         "reloadsafe's compiled core (reloadsafe._C) could not be loaded: "
         f"{e}. Build it against this interpreter's torch with {_REBUILD} "
-        "(see README, 'Checking a Python layer')."
+        "(see docs/python.md)."
     ) from e
 
 _torch_version = torch.__version__.split("+")[0]
