@@ -1,4 +1,4 @@
-"""README's "Checking a Python layer" example, run as a user would paste it:
+"""README's pytest example ("Check a layer from pytest"), run as a user would paste it:
 the FP8-style layer and its test pass, and the obvious wrong
 post-processing fails with the table."""
 import os
