@@ -1,6 +1,6 @@
-"""Every Python block of docs/real-code.md, run in order in one namespace,
-as a reader would paste them: the page's claims are checked, not just
-its syntax."""
+"""Every Python block of the pages under docs/, each page's run in order in
+one namespace, as a reader would paste them: the pages' claims are checked,
+not just their syntax. (README's blocks are test_readme.py's.)"""
 import pathlib
 import re
 
@@ -20,3 +20,10 @@ def test_real_code_page_runs():
     namespace: dict = {}
     for block in blocks:
         exec(compile(block, "docs/real-code.md", "exec"), namespace)
+
+
+@pytest.mark.parametrize("page", sorted(p.name for p in DOCS.glob("*.md") if p.name != "real-code.md"))
+def test_every_other_page_runs(page):
+    namespace: dict = {}
+    for block in _blocks(page):
+        exec(compile(block, f"docs/{page}", "exec"), namespace)
