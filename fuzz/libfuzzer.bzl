@@ -56,6 +56,8 @@ _SANITIZERS = [
 
 # The C++ standard comes first: the one the LibTorch in use needs.
 _COPTS = LIBTORCH_COPTS + [
+    # Per-operator headers, as //tools:defs.bzl's RS_COPTS (see there).
+    "-DAT_PER_OPERATOR_HEADERS",
     "-O1",
     "-g",
     "-fno-omit-frame-pointer",

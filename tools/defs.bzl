@@ -25,7 +25,16 @@ load("@local_cuda//:defs.bzl", "CUDA_FOUND")
 # from 2.14: third_party/libtorch/libtorch.bzl picks it), then warnings as
 # errors for the project's own sources. External headers come in through
 # -isystem and stay quiet.
+#
+# AT_PER_OPERATOR_HEADERS, as PyTorch builds its own sources: ATen's helper
+# headers (TensorIndexing.h, ScalarOps.h, TensorOperators.h, ...) then include
+# the few ATen/ops/<op>.h they use instead of ATen/Functions.h (every
+# operator), and a source that starts with
+# `#define TORCH_ASSERT_ONLY_METHOD_OPERATORS` fails to compile if anything it
+# includes still brings every operator (see ATen/Functions.h). Such a source
+# includes <ATen/core/Tensor.h> and an <ATen/ops/<op>.h> per at::<op> it calls.
 RS_COPTS = LIBTORCH_COPTS + [
+    "-DAT_PER_OPERATOR_HEADERS",
     "-Wall",
     "-Wextra",
     "-Werror",
