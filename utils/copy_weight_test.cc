@@ -1,6 +1,14 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "utils/copy_weight.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 
 #include <sys/mman.h>

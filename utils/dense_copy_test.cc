@@ -1,7 +1,16 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "utils/dense_copy.h"
 
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/complex.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 

@@ -1,8 +1,11 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "utils/storage_fit.h"
 
 #include "utils/dense_copy.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <c10/util/safe_numerics.h>
 

@@ -1,6 +1,13 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "utils/storage_fit.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 
 #include <limits>

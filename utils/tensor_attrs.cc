@@ -1,3 +1,5 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "utils/tensor_attrs.h"
 
 #include <c10/util/Exception.h>
