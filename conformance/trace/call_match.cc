@@ -1,3 +1,5 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/trace/call_match.h"
 
 #include "conformance/trace/op_arguments.h"

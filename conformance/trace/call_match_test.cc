@@ -1,9 +1,16 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/trace/call_match.h"
 
 #include "conformance/trace/read_trace.h"
 
-#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ScalarOps.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/randn.h>
 #include <c10/core/ScalarType.h>
 #include <gtest/gtest.h>
 

@@ -1,3 +1,5 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/trace/capture.h"
 
 #include "conformance/trace/call_match.h"

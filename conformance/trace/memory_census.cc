@@ -1,3 +1,5 @@
+#define TORCH_ASSERT_NO_OPERATORS
+
 #include "conformance/trace/memory_census.h"
 
 #include <c10/core/Allocator.h>

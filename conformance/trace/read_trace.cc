@@ -10,6 +10,8 @@
 #define NDEBUG
 #endif
 
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/trace/read_trace.h"
 
 #include "conformance/trace/call_match.h"

@@ -1,9 +1,18 @@
 // Property of the read trace: for a random chain of ops over a random set of
 // weights (read whole, as views, in-place, in tensor lists, through
 // composites), the external reads are exactly the weights the chain read.
+
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/trace/read_trace.h"
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/neg.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/where.h>
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
