@@ -1,7 +1,13 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/harness/all_close.h"
 
-#include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/randn.h>
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,12 +1,17 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/harness/checkpoint_pools.h"
 
 #include "conformance/harness/values.h"
 
-#include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
 #include <ATen/TensorIterator.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/randint.h>
+#include <ATen/ops/randn.h>
 
 #include <cstring>
 

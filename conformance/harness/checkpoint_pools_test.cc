@@ -1,11 +1,18 @@
 // Checkpoints drawn from pools (Note [Checkpoints from a pool]): each draw
 // is the seed's window of the pool, scaled as at::mul scales it, in a tensor
 // of its own; the pools are only read.
+
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/harness/checkpoint_pools.h"
 
 #include "conformance/harness/values.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/eq.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/randn.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>

@@ -1,8 +1,10 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/harness/cold_loads.h"
 
 #include "conformance/harness/values.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstring>
 

@@ -1,9 +1,16 @@
 // ColdLoadOutputs (Note [One cold load per checkpoint]): a kept output is
 // reused for the same reload number, checkpoint and input, and for nothing
 // else, down to a single changed byte anywhere in a tensor.
+
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/harness/cold_loads.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/ones.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>

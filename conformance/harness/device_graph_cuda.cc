@@ -2,9 +2,12 @@
 // at::cuda::CUDAGraph, and the quarantine of Note [Device quarantine] on the
 // CUDA caching allocator. Linked only where the CUDA Toolkit is found; it
 // registers itself from a static initialiser, so its library is linked whole.
+
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/harness/device_graph.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>

@@ -6,8 +6,9 @@
 #include "utils/reload_context.h"
 #include "utils/tensor_attrs.h"
 
-#include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/randn.h>
 
 #include <optional>
 #include <utility>

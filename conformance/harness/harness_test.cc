@@ -4,7 +4,19 @@
 
 #include "conformance/trace/read_trace.h"
 
-#include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/add.h>
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/conv2d.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/eye.h>
+#include <ATen/ops/max_pool2d.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/relu.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <gtest/gtest.h>

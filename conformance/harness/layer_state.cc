@@ -1,9 +1,18 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/harness/layer_state.h"
 
 #include "conformance/trace/sparse_parts.h"
 #include "conformance/trace/tensor_location.h"
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/logical_xor.h>
+#include <ATen/ops/view_as_real.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros_like.h>
 #include <c10/core/ScalarType.h>
 
 #include <algorithm>

@@ -1,6 +1,16 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/harness/layer_state.h"
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/eye.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,6 +1,11 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/harness/module_cache.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 
 #include <map>

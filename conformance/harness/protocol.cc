@@ -1,3 +1,5 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/harness/protocol.h"
 
 #include "conformance/harness/cold_loads.h"
@@ -10,7 +12,8 @@
 #include "conformance/trace/tensor_location.h"
 #include "utils/reload_context.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/full.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>

@@ -1,13 +1,28 @@
 // The protocol on hand-written subjects: what it computes once and what it
 // must still compute per mode (Note [One cold load per checkpoint] in
 // protocol.cc).
+
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/harness/protocol.h"
 
 #include "conformance/harness/device_graph.h"
 #include "conformance/harness/report_format.h"
 
-#include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/relu.h>
+#include <ATen/ops/sum.h>
+#include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>

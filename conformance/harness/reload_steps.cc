@@ -1,9 +1,12 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/harness/reload_steps.h"
 
 #include "conformance/trace/sparse_parts.h"
 #include "conformance/trace/tensor_location.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/core/GradMode.h>
 
 #include <limits>

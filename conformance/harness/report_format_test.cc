@@ -1,6 +1,9 @@
 // The report formats: the JSON schema's fields (which the Python API and
 // downstream tools read by name) and the table's cells, verdicts and listed
 // lines.
+
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/harness/report_format.h"
 
 #include <gtest/gtest.h>

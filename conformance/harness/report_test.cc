@@ -1,5 +1,8 @@
 // The report model: its strings valid UTF-8 whatever the messages they came
 // from, and the verdicts decided on its counts and flagged names.
+
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/harness/report.h"
 
 #include <gtest/gtest.h>

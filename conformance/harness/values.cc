@@ -1,8 +1,15 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/harness/values.h"
 
 #include "conformance/harness/all_close.h"
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/logical_xor.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros_like.h>
 
 #include <cstring>
 #include <optional>

@@ -1,8 +1,17 @@
 // The protocol's value comparisons: bytes unchanged (a snapshot, and two
 // tensors byte for byte) and outputs close to a cold load's.
+
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/harness/values.h"
 
-#include <ATen/ATen.h>
+#include <ATen/TensorIndexing.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>

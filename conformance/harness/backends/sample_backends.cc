@@ -7,7 +7,11 @@
 #include "utils/replace_parameter.h"
 #include "utils/tensor_attrs.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/conv2d.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/zeros.h>
 
 namespace reloadsafe::harness {
 namespace {

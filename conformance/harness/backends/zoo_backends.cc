@@ -22,7 +22,20 @@
 #include "utils/replace_parameter.h"
 #include "utils/tensor_attrs.h"
 
-#include <ATen/ATen.h>
+#include <ATen/TensorIndexing.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/argsort.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/constant_pad_nd.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/silu.h>
+#include <ATen/ops/zeros.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
 

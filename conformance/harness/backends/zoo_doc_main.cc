@@ -5,6 +5,9 @@
 //   tools/gen_bug_zoo_cpp.sh          # the same
 //
 // Without a path it prints the Markdown.
+
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/harness/backends/zoo_doc.h"
 
 #include <fstream>
