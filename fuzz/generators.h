@@ -28,7 +28,8 @@
 #include "utils/layer.h"
 #include "utils/tensor_attrs.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <rapidcheck.h>
 
 #include <algorithm>

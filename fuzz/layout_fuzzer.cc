@@ -14,10 +14,14 @@
 //
 //   bazel build //fuzz:layout_fuzzer
 //   bazel-bin/fuzz/layout_fuzzer -max_total_time=600 /tmp/layout_corpus fuzz/corpus/layout_fuzzer
+
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "fuzz/spec_model.h"
 #include "utils/storage_fit.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <fuzzer/FuzzedDataProvider.h>
 

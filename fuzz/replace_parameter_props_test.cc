@@ -23,7 +23,7 @@
 #include "utils/replace_parameter.h"
 #include "utils/tensor_attrs.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>

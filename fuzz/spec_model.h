@@ -18,7 +18,8 @@
 //   RC_ASSERT(same_elements(result, fresh));
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/core/Storage.h>
 
 #include <algorithm>

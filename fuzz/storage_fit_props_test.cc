@@ -12,7 +12,8 @@
 #include "fuzz/spec_model.h"
 #include "utils/storage_fit.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
