@@ -1,8 +1,13 @@
 // case_json_test.cc: the typed case readers on the inputs they must accept
 // and refuse.
+
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/case_json.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/tensor.h>
 #include <gtest/gtest.h>
 
 #include <string>

@@ -3,6 +3,9 @@
 // result line. The parts live beside it: case_json (typed readers),
 // case_tensors (layouts, budget, byte patterns), case_report (the result
 // writer) and ops/ (one file per operation).
+
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/case_runner.h"
 
 #include "conformance/case_json.h"

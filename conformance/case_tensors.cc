@@ -1,3 +1,5 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/case_tensors.h"
 
 #include "utils/storage_fit.h"

@@ -1,8 +1,13 @@
 // case_tensors_test.cc: the layout types a case's JSON becomes, the storage
 // budget and the byte patterns.
+
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/case_tensors.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/tensor.h>
 #include <gtest/gtest.h>
 
 namespace reloadsafe::conformance {

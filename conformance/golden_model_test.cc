@@ -11,6 +11,9 @@
 //    byte offset and storage of the result;
 //  - storage_view: a view exactly when the layout ends within the storage.
 // It never calls the runner or the utilities.
+
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "fuzz/spec_model.h"
 
 #include <gtest/gtest.h>

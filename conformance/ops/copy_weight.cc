@@ -1,5 +1,8 @@
 // copy_weight: `copy_weight_(dst, src)`, with the integrated-GPU question
 // forced either way (golden/FORMAT.md).
+
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "utils/copy_weight.h"
 #include "conformance/case_report.h"
 #include "conformance/case_tensors.h"

@@ -1,4 +1,7 @@
 // extent: `_extent` of a shape and strides (case-format.md).
+
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/case_tensors.h"
 #include "conformance/ops/operation.h"
 #include "utils/storage_fit.h"

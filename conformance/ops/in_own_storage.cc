@@ -1,4 +1,7 @@
 // in_own_storage: `_in_own_storage(old, new, whole_storage)` (case-format.md).
+
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/case_report.h"
 #include "conformance/case_tensors.h"
 #include "conformance/ops/operation.h"

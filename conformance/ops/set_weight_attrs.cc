@@ -1,4 +1,7 @@
 // set_weight_attrs: `set_weight_attrs(tensor, weight_attrs)` (golden/FORMAT.md).
+
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/case_report.h"
 #include "conformance/case_tensors.h"
 #include "conformance/ops/operation.h"

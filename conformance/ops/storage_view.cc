@@ -1,4 +1,7 @@
 // storage_view: a view on a storage, checked to fit (golden/FORMAT.md).
+
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/case_report.h"
 #include "conformance/case_tensors.h"
 #include "conformance/ops/operation.h"

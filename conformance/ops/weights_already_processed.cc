@@ -1,6 +1,9 @@
 // weights_already_processed: what weights_pre_processed() reads in and
 // around nested WeightsAlreadyProcessed scopes, on unwinding, and on a new
 // thread (golden/FORMAT.md).
+
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "conformance/ops/operation.h"
 #include "utils/reload_context.h"
 
