@@ -3,6 +3,9 @@
 // protocol's subject through the trampoline below; run_subject drives it with
 // the GIL held (the subject's methods are Python), and the report, its JSON
 // and its table come from the same C++ code as the C++ harness's.
+
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "python/src/bindings.h"
 
 #include "conformance/harness/device_graph.h"

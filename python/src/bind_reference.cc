@@ -1,5 +1,8 @@
 // bind_reference.cc: the C++ reference utilities, the reload flags and the
 // case runner, for reloadsafe/reference.py and reloadsafe/cases.py.
+
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "python/src/bindings.h"
 
 #include "conformance/case_runner.h"

@@ -2,6 +2,9 @@
 // reloadsafe/trace.py. The Python context manager creates the C++ trace on
 // __enter__ and stops it on __exit__, on the same thread; results are copied
 // out as plain records (identities and pointers as integers).
+
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "python/src/bindings.h"
 
 #include "conformance/trace/memory_census.h"

@@ -2,12 +2,13 @@
 // adding its names to the module (module.cc calls them in order).
 //
 // Invariant: tensors cross between Python and C++ through LibTorch's own
-// pybind11 casters (torch/extension.h), never as copies: a tensor a binding
-// returns is the very tensor (same TensorImpl, storage and data pointer) the
-// C++ function returned, and an argument is the caller's tensor.
+// pybind11 casters (torch/csrc/utils/pybind.h, the header torch/extension.h
+// takes them from), never as copies: a tensor a binding returns is the very
+// tensor (same TensorImpl, storage and data pointer) the C++ function
+// returned, and an argument is the caller's tensor.
 #pragma once
 
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
 namespace reloadsafe::python {
 

@@ -6,6 +6,9 @@
 // C++ ABI match before anything else runs. The public API lives in plain
 // Python (python/reloadsafe/); the names here are private building blocks
 // with the C++ behaviour unchanged (bindings.h lists the parts).
+
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "python/src/bindings.h"
 
 #include <c10/util/Exception.h>
