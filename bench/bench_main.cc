@@ -1,9 +1,13 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "bench/bench_main.h"
 
 #include "utils/dense_copy.h"
 
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/ones.h>
 #include <benchmark/benchmark.h>
 
 #include <sched.h>

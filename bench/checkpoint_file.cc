@@ -1,8 +1,14 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "bench/checkpoint_file.h"
 
 #include "bench/machine_context.h"
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/from_blob.h>
 #include <c10/util/Exception.h>
 
 #include <fcntl.h>

@@ -30,14 +30,21 @@
 // residency probe run outside it. Counters per iteration: minor_faults,
 // major_faults, and resident_at_start (the fraction of the file's pages in
 // the page cache when the timed region starts: 1 warm, about 0 cold).
+
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "bench/bench_main.h"
 #include "bench/checkpoint_file.h"
 #include "bench/limit_copy.h"
 #include "utils/copy_weight.h"
 #include "utils/dense_copy.h"
 
-#include <ATen/ATen.h>
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/zeros.h>
 #include <benchmark/benchmark.h>
 
 #include <sys/mman.h>

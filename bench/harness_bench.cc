@@ -37,8 +37,9 @@
 #include "conformance/harness/run_options.h"
 #include "conformance/trace/capture.h"
 
-#include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/randn.h>
 #include <benchmark/benchmark.h>
 
 #include <ctime>

@@ -1,3 +1,5 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "bench/limit_copy.h"
 
 #include "utils/dense_copy.h"

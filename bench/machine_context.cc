@@ -1,3 +1,5 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "bench/machine_context.h"
 
 #include "utils/copy_weight.h"

@@ -38,8 +38,11 @@
 #include "utils/storage_fit.h"
 #include "utils/tensor_attrs.h"
 
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
