@@ -33,6 +33,7 @@
 #include "bench/bench_main.h"
 
 #include "conformance/harness/harness.h"
+#include "conformance/harness/layer_life.h"
 #include "conformance/harness/report_format.h"
 #include "conformance/harness/run_options.h"
 #include "conformance/trace/capture.h"
@@ -162,17 +163,18 @@ void forward(benchmark::State& state, const Backend& backend, How how) {
   ScopedThreads threads(1);
   guarded(state, [&] {
     BackendSubject subject(backend, c10::kCPU);
-    subject.cold_load(subject.draw_checkpoint(1));
+    const std::shared_ptr<harness::SubjectLayer> layer =
+        harness::cold_loaded(subject, subject.draw_checkpoint(1));
     const at::Tensor x = subject.draw_input(2);
     for (auto _ : state) {
       if (how == How::kUntraced) {
-        benchmark::DoNotOptimize(subject.forward(x).const_data_ptr());
+        benchmark::DoNotOptimize(layer->forward(x).const_data_ptr());
       } else if (how == How::kTraced) {
         trace::ReadTrace trace;
-        benchmark::DoNotOptimize(subject.forward(x).const_data_ptr());
+        benchmark::DoNotOptimize(layer->forward(x).const_data_ptr());
         trace.stop();
       } else {
-        CapturedForward capture([&] { return subject.forward(x); });
+        CapturedForward capture([&] { return layer->forward(x); });
         benchmark::DoNotOptimize(capture.output().const_data_ptr());
       }
     }

@@ -34,13 +34,13 @@ bool scaled_by_mul(at::ScalarType dtype) {
 
 // Whether `pool`'s window at `offset` is drawn by the loop below: a dense
 // CPU pool (plain_cpu_bytes) at the start of a storage that holds the window,
-// of a dtype the loop handles (integers, bool, and the dtypes at::mul
+// of a dtype the loop handles (integers, bool, and the real dtypes at::mul
 // scales), smaller than ATen's grain size (where at::mul would use one
 // thread too); any other goes through the op, threaded and vectorized.
 bool drawn_by_loop(const at::Tensor& pool, int64_t offset) {
   const at::ScalarType dtype = pool.scalar_type();
   if (pool.numel() >= at::internal::GRAIN_SIZE || !plain_cpu_bytes(pool) ||
-      pool.storage_offset() != 0 || pool.is_conj() || pool.is_neg() ||
+      pool.storage_offset() != 0 || pool.is_conj() || pool.is_neg() || at::isComplexType(dtype) ||
       (at::isFloatingType(dtype) && !scaled_by_mul(dtype))) {
     return false;
   }
@@ -103,7 +103,7 @@ at::Tensor draw_by_loop(const at::Tensor& pool, const PoolWindow& w) {
 at::Tensor draw_with_ops(const at::Tensor& pool, const PoolWindow& w) {
   const at::Tensor window = pool.as_strided(pool.sizes(), pool.strides(), w.offset);
   const at::ScalarType dtype = pool.scalar_type();
-  if (scaled_by_mul(dtype)) {
+  if (scaled_by_mul(dtype) || at::isComplexType(dtype)) {
     return window.mul(w.scale).contiguous();
   }
   if (at::isFloatingType(dtype)) {
@@ -113,6 +113,23 @@ at::Tensor draw_with_ops(const at::Tensor& pool, const PoolWindow& w) {
 }
 
 }  // namespace
+
+IntegerRange integer_range(at::ScalarType dtype) {
+  TORCH_CHECK(at::isIntegralType(dtype, /*includeBool=*/false), "integer_range: ", dtype,
+              " is not an integer dtype");
+  int64_t low = -128, high = 127;
+  switch (dtype) {
+    case at::kByte:
+    case at::kUInt16:
+    case at::kUInt32:
+    case at::kUInt64:
+      low = 0;
+      break;
+    default:
+      break;
+  }
+  return {low, high};
+}
 
 PoolWindow pool_window(uint64_t seed) {
   const uint64_t h = mix_seed(seed);
@@ -131,11 +148,19 @@ Checkpoint checkpoint_pools(const Checkpoint& layouts) {
       continue;
     }
     const int64_t size = layout.numel() + kPoolWindows;
+    const at::ScalarType dtype = layout.scalar_type();
     at::Tensor pool;
-    if (at::isFloatingType(layout.scalar_type())) {
-      pool = at::randn({size}, gen, at::kFloat).to(layout.scalar_type());
+    if (at::isFloatingType(dtype)) {
+      pool = at::randn({size}, gen, at::kFloat).to(dtype);
+    } else if (at::isComplexType(dtype)) {
+      pool = at::randn({size}, gen, at::TensorOptions().dtype(dtype));
+    } else if (dtype == at::kBool) {
+      pool = at::randint(0, 2, {size}, gen, at::TensorOptions().dtype(at::kLong)).to(dtype);
     } else {
-      pool = at::randint(0, 100, {size}, gen, at::TensorOptions().dtype(layout.scalar_type()));
+      const IntegerRange range = integer_range(dtype);
+      pool =
+          at::randint(range.low, range.high + 1, {size}, gen, at::TensorOptions().dtype(at::kLong))
+              .to(dtype);
     }
     pools.emplace(name,
                   pool.as_strided(layout.sizes(), c10::contiguous_strides(layout.sizes()), 0));

@@ -12,6 +12,8 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/eq.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/max.h>
+#include <ATen/ops/min.h>
 #include <ATen/ops/randn.h>
 #include <gtest/gtest.h>
 
@@ -28,6 +30,7 @@ at::Tensor window_through_ops(const at::Tensor& pool, uint64_t seed) {
   const PoolWindow w = pool_window(seed);
   const at::Tensor window = pool.as_strided(pool.sizes(), pool.strides(), w.offset);
   const at::ScalarType dtype = pool.scalar_type();
+  if (at::isComplexType(dtype)) return window.mul(w.scale);
   if (!at::isFloatingType(dtype)) return window.clone();
   if (dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf || dtype == at::kBFloat16)
     return window.mul(w.scale);
@@ -56,6 +59,8 @@ const std::vector<DtypeCase>& dtype_cases() {
       {at::kChar, {5, 5}},
       {at::kInt, {4, 64}},
       {at::kLong, {7}},
+      {at::kBool, {6, 6}},
+      {at::kComplexFloat, {4, 5}},
       // At ATen's grain size and above, through the op.
       {at::kFloat, {256, 160}},
       {at::kHalf, {32768}},
@@ -133,6 +138,26 @@ TEST(CheckpointPools, DrawsAreRepeatableNewTensorsAndLeaveThePoolsAlone) {
   const Checkpoint redrawn = checkpoint_pools({{"a", layouts_of(at::kBFloat16, {8, 16}).at("w")},
                                                {"b", layouts_of(at::kByte, {32}).at("w")}});
   for (const auto& [name, pool] : pools) EXPECT_TRUE(same_bytes(pool, redrawn.at(name))) << name;
+}
+
+// Integers span int8's range, both signs where the dtype has them, clipped
+// to the dtype's; booleans both values: the same pools a Python subject
+// draws (python/tests/test_check_costs.py holds it to this generator).
+TEST(CheckpointPools, IntegerAndBooleanPoolsSpanTheirRanges) {
+  struct Row {
+    at::ScalarType dtype;
+    int64_t low, high;
+  };
+  for (const Row& row :
+       {Row{at::kChar, -128, 127}, Row{at::kByte, 0, 127}, Row{at::kInt, -128, 127},
+        Row{at::kLong, -128, 127}, Row{at::kBool, 0, 1}}) {
+    SCOPED_TRACE(c10::toString(row.dtype));
+    const at::Tensor pool = checkpoint_pools(layouts_of(row.dtype, {4096})).at("w");
+    const at::Tensor values = pool.to(at::kLong);
+    EXPECT_EQ(values.min().item<int64_t>(), row.low);
+    EXPECT_EQ(values.max().item<int64_t>(), row.high);
+  }
+  EXPECT_THROW(integer_range(at::kFloat), c10::Error);
 }
 
 TEST(CheckpointPools, WindowsStayInTheirRanges) {

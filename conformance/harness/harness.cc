@@ -88,31 +88,42 @@ void ReloadSession::load_and_process(const Checkpoint& ckpt) {
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ReloadSession::kernel_visible() const {
-  auto tensors = kernel_parameters(*layer_);
-  for (const auto& name : backend_.derived_names()) {
-    at::Tensor t = layer_->get(name);
+  return harness::kernel_visible(backend_, *layer_);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> kernel_visible(const Backend& backend,
+                                                               Layer& layer) {
+  auto tensors = kernel_parameters(layer);
+  for (const auto& name : backend.derived_names()) {
+    at::Tensor t = layer.get(name);
     if (t.defined()) tensors.emplace_back(name, t);
   }
-  for (const NamedTensor& held : backend_.held_tensors(*layer_)) {
+  for (const NamedTensor& held : backend.held_tensors(layer)) {
     if (held.declared && held.tensor.defined()) tensors.emplace_back(held.name, held.tensor);
   }
   return tensors;
 }
 
 std::vector<NamedTensor> ReloadSession::named_tensors() const {
+  return backend_named_tensors(backend_, *layer_);
+}
+
+std::vector<NamedTensor> backend_named_tensors(const Backend& backend, Layer& layer) {
   std::vector<NamedTensor> named;
-  for (const auto& [name, t] : kernel_visible()) named.push_back({name, t, /*declared=*/true});
-  for (const auto& [name, t] : layer_->parameter_slots()) {
+  for (const auto& [name, t] : kernel_visible(backend, layer)) {
+    named.push_back({name, t, /*declared=*/true});
+  }
+  for (const auto& [name, t] : layer.parameter_slots()) {
     if (t.defined()) named.push_back({name, t, false});
   }
-  for (const auto& name : layer_->attribute_names()) {
-    at::Tensor t = layer_->get(name);
+  for (const auto& name : layer.attribute_names()) {
+    at::Tensor t = layer.get(name);
     if (t.defined()) named.push_back({name, t, false});
   }
-  for (const auto& item : layer_->named_buffers(/*recurse=*/true)) {
+  for (const auto& item : layer.named_buffers(/*recurse=*/true)) {
     named.push_back({item.key(), item.value(), false});
   }
-  for (const NamedTensor& held : backend_.held_tensors(*layer_)) {
+  for (const NamedTensor& held : backend.held_tensors(layer)) {
     if (!held.declared && held.tensor.defined()) named.push_back(held);
   }
   return named;
@@ -129,13 +140,38 @@ at::Tensor ReloadSession::cold_forward(const Checkpoint& ckpt, const at::Tensor&
   return backend_.forward(*fresh, x);
 }
 
+namespace {
+
+// A layer of a Backend as a SubjectLayer.
+class BackendLayer : public SubjectLayer {
+ public:
+  BackendLayer(const Backend& backend, std::shared_ptr<Layer> layer)
+      : backend_(backend), layer_(std::move(layer)) {}
+
+  void load(const Checkpoint& ckpt) override { harness::load(*layer_, ckpt); }
+  void process() override { backend_.process_weights_after_loading(*layer_); }
+  at::Tensor forward(const at::Tensor& x) override { return backend_.forward(*layer_, x); }
+  std::vector<NamedTensor> named_tensors() override {
+    return backend_named_tensors(backend_, *layer_);
+  }
+  std::vector<NamedObject> named_objects() override { return backend_.held_objects(*layer_); }
+  /// Backend::host_numbers.
+  std::vector<NamedNumber> named_numbers() override { return backend_.host_numbers(*layer_); }
+  /// The layer's registered parameters and buffers (torch::nn::Module's).
+  std::vector<at::Tensor> parameters() override { return layer_->parameters(/*recurse=*/true); }
+  std::vector<at::Tensor> buffers() override { return layer_->buffers(/*recurse=*/true); }
+  /// Backend::sleep_and_wake.
+  bool sleep_and_wake(int level) override { return backend_.sleep_and_wake(*layer_, level); }
+
+ private:
+  const Backend& backend_;
+  std::shared_ptr<Layer> layer_;
+};
+
+}  // namespace
+
 BackendSubject::BackendSubject(const Backend& backend, const c10::Device& device)
     : backend_(backend), device_(device) {}
-
-ReloadSession& BackendSubject::session() {
-  TORCH_CHECK(session_ != nullptr, "backend '", backend_.name(), "': no layer loaded yet");
-  return *session_;
-}
 
 SubjectInfo BackendSubject::info() const {
   SubjectInfo info;
@@ -152,7 +188,7 @@ SubjectInfo BackendSubject::info() const {
 Checkpoint BackendSubject::draw_checkpoint(uint64_t seed) {
   if (!pools_) {
     // The layouts of a freshly created layer; the pools are fixed by them, so
-    // every mode's session would draw the same ones.
+    // every layer would give the same ones.
     fresh_layer_ = backend_.create_layer(device_);
     pools_ = checkpoint_pools(checkpoint_layouts(backend_, *fresh_layer_));
   }
@@ -164,33 +200,12 @@ at::Tensor BackendSubject::draw_input(uint64_t seed) {
   return at::randn(backend_.input_shape(), gen, at::kFloat).to(device_);
 }
 
-void BackendSubject::cold_load(const Checkpoint& ckpt) {
-  mode_caches_.reset();  // what an earlier cold load's caches held is gone
-  mode_caches_ = std::make_unique<CachesStashed>(backend_.module_caches());
-  session_ = std::make_unique<ReloadSession>(backend_, device_, std::move(fresh_layer_), ckpt);
-}
-
-void BackendSubject::reload(ReloadMode /*mode*/, const Checkpoint& ckpt) {
-  session().load_and_process(ckpt);  // the protocol has entered the mode's scope
-}
-
-at::Tensor BackendSubject::forward(const at::Tensor& x) {
-  return backend_.forward(session().layer(), x);
-}
-
-at::Tensor BackendSubject::cold_forward(const Checkpoint& ckpt, const at::Tensor& x) {
-  // The reference is made with the module caches emptied, so a corrupted
-  // cache cannot corrupt it too.
-  CachesStashed stashed(backend_.module_caches());
-  return session().cold_forward(ckpt, x);
-}
-
-std::vector<NamedTensor> BackendSubject::named_tensors() {
-  return session().named_tensors();
-}
-
-std::vector<NamedObject> BackendSubject::named_objects() {
-  return session().named_objects();
+std::shared_ptr<SubjectLayer> BackendSubject::new_layer() {
+  std::shared_ptr<Layer> layer =
+      fresh_layer_ != nullptr ? std::move(fresh_layer_) : backend_.create_layer(device_);
+  fresh_layer_.reset();
+  checkpoint_layouts(backend_, *layer);  // refuses a layer without checkpoint parameters
+  return std::make_shared<BackendLayer>(backend_, std::move(layer));
 }
 
 std::vector<NamedTensor> BackendSubject::cache_tensors() {
@@ -201,31 +216,14 @@ std::vector<NamedTensor> BackendSubject::cache_tensors() {
   return out;
 }
 
-bool BackendSubject::sleep_and_wake(int level) {
-  return backend_.sleep_and_wake(session().layer(), level);
+void BackendSubject::empty_caches() {
+  emptied_.push_back(std::make_unique<CachesStashed>(backend_.module_caches()));
 }
 
-std::vector<at::Tensor> BackendSubject::parameters() {
-  return session().layer().parameters(/*recurse=*/true);
-}
-
-std::vector<at::Tensor> BackendSubject::buffers() {
-  return session().layer().buffers(/*recurse=*/true);
-}
-
-std::vector<NamedNumber> BackendSubject::named_numbers() {
-  return backend_.host_numbers(session().layer());
-}
-
-LayerState BackendSubject::cold_state(const Checkpoint& ckpt, int loads,
-                                      const at::Tensor& forward_input) {
-  CachesStashed stashed(backend_.module_caches());
-  ReloadSession aside(backend_, device_, ckpt);
-  for (int i = 1; i < loads; ++i) aside.load_and_process(ckpt);
-  if (forward_input.defined()) backend_.forward(aside.layer(), forward_input);
-  LayerState state{aside.named_tensors(), backend_.host_numbers(aside.layer())};
-  for (NamedTensor& t : stashed.tensors()) state.tensors.push_back(std::move(t));
-  return state;
+void BackendSubject::restore_caches() {
+  TORCH_CHECK(!emptied_.empty(), "backend '", backend_.name(),
+              "': restore_caches() without a matching empty_caches()");
+  emptied_.pop_back();
 }
 
 BackendReport run_backend(const Backend& backend, const RunOptions& options) {

@@ -3,8 +3,8 @@
 // A Backend (backend.h) describes weight creation, post-processing and the
 // forward. ReloadSession takes one layer through the protocol's steps (the
 // CUDA-graph tests drive it between capture and replays); BackendSubject is
-// the protocol's view of a Backend (a ReloadSubject, subject.h); run_backend
-// runs it in both modes.
+// the protocol's view of a Backend (a ReloadSubject, subject.h), whose
+// layers are Backend layers; run_backend runs it in both modes.
 //
 // What a backend declares: the kernel-visible tensors, i.e. live parameters
 // under their runtime names (kernel_parameters), derived_names() and the
@@ -87,56 +87,47 @@ class ReloadSession {
   std::shared_ptr<Layer> layer_;
 };
 
-/// The protocol's view of a Backend on one device.
+/// Every tensor `backend` declares its forward reads in `layer`: live
+/// parameters under their runtime names, then the backend's derived
+/// tensors, then the declared ones it holds outside the layer
+/// (held_tensors()).
+std::vector<std::pair<std::string, at::Tensor>> kernel_visible(const Backend& backend,
+                                                               Layer& layer);
+
+/// kernel_visible() as declared names, then every other parameter slot,
+/// plain attribute and buffer of `layer` and the backend's undeclared held
+/// tensors as undeclared names.
+std::vector<NamedTensor> backend_named_tensors(const Backend& backend, Layer& layer);
+
+/// The protocol's view of a Backend on one device: its layers are the
+/// backend's, built on the device, loaded through each parameter's
+/// weight_loader and post-processed by the backend.
 class BackendSubject : public ReloadSubject {
  public:
   BackendSubject(const Backend& backend, const c10::Device& device);
 
   SubjectInfo info() const override;
+  /// draw_from_pools of the pools of the backend's checkpoint layouts
+  /// (Note [Checkpoints from a pool]), drawn on the first call.
   Checkpoint draw_checkpoint(uint64_t seed) override;
   at::Tensor draw_input(uint64_t seed) override;
-  void cold_load(const Checkpoint& ckpt) override;
-  void reload(ReloadMode mode, const Checkpoint& ckpt) override;
-  at::Tensor forward(const at::Tensor& x) override;
-  at::Tensor cold_forward(const Checkpoint& ckpt, const at::Tensor& x) override;
-  std::vector<NamedTensor> named_tensors() override;
-  std::vector<NamedObject> named_objects() override;
+  std::shared_ptr<SubjectLayer> new_layer() override;
   /// The tensors of Backend::module_caches.
   std::vector<NamedTensor> cache_tensors() override;
-  /// Backend::sleep_and_wake on the live layer.
-  bool sleep_and_wake(int level) override;
-  /// The layer's registered parameters and buffers (torch::nn::Module's).
-  std::vector<at::Tensor> parameters() override;
-  std::vector<at::Tensor> buffers() override;
-  /// Backend::host_numbers of the live layer.
-  std::vector<NamedNumber> named_numbers() override;
-  bool has_cold_state() const override { return true; }
-  /// A ReloadSession of `ckpt` made aside with the module caches emptied,
-  /// loaded `loads` times (and its forward run on `forward_input`, if
-  /// defined): its named_tensors(), what the caches got, and the backend's
-  /// host_numbers().
-  LayerState cold_state(const Checkpoint& ckpt, int loads,
-                        const at::Tensor& forward_input) override;
-  void release() override {
-    session_.reset();
-    mode_caches_.reset();
-    fresh_layer_.reset();
-  }
+  void empty_caches() override;
+  void restore_caches() override;
 
  private:
-  ReloadSession& session();
   const Backend& backend_;
   c10::Device device_;
-  std::unique_ptr<ReloadSession> session_;
-  // The backend's module caches, emptied from each cold load to release(),
-  // so each mode starts from empty caches and the process gets back what it
-  // had (Backend::module_caches).
-  std::unique_ptr<CachesStashed> mode_caches_;
   // Every checkpoint's pools (Note [Checkpoints from a pool]), drawn once.
   std::optional<Checkpoint> pools_;
-  // The layer created to read the pools' layouts, untouched: the next cold
-  // load takes it rather than creating one more.
+  // The layer created to read the pools' layouts, untouched: the next
+  // new_layer() takes it rather than creating one more.
   std::shared_ptr<Layer> fresh_layer_;
+  // The caches emptied by each empty_caches() not yet restored, innermost
+  // last (Backend::module_caches).
+  std::vector<std::unique_ptr<CachesStashed>> emptied_;
 };
 
 /// Runs the protocol for `backend` in both modes.

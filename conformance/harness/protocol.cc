@@ -4,6 +4,7 @@
 
 #include "conformance/harness/cold_loads.h"
 #include "conformance/harness/device_graph.h"
+#include "conformance/harness/layer_life.h"
 #include "conformance/harness/layer_state.h"
 #include "conformance/harness/reload_steps.h"
 #include "conformance/harness/values.h"
@@ -121,13 +122,12 @@ struct Capture {
   std::unique_ptr<CapturedForward> forward;
 };
 
-Capture capture(ReloadSubject& subject, const at::Tensor& x) {
+Capture capture(SubjectLayer& layer, const at::Tensor& x) {
   Capture c;
-  c.names = std::make_unique<TensorNames>(subject.named_tensors());
-  for (const trace::NamedObject& o : subject.named_objects())
-    c.names->add_object(o.name, o.identity);
+  c.names = std::make_unique<TensorNames>(layer.named_tensors());
+  for (const trace::NamedObject& o : layer.named_objects()) c.names->add_object(o.name, o.identity);
   c.names->add("input", x, /*declared=*/true);
-  c.forward = std::make_unique<CapturedForward>([&] { return subject.forward(x); });
+  c.forward = std::make_unique<CapturedForward>([&] { return layer.forward(x); });
   return c;
 }
 
@@ -168,16 +168,17 @@ at::Tensor draw_run_input(ReloadSubject& subject, const RunOptions& options) {
   return subject.draw_input(input_seed(options.seed)).to(options.device);
 }
 
-// The cold load and warm-up every capture starts from, the forward run on `x`.
-// `loaded`, if given, runs between the two: what the layer holds then is
-// what its load made.
-void cold_load_and_warm_up(ReloadSubject& subject, const RunOptions& options, const at::Tensor& x,
-                           bool under_trace, const std::function<void()>& loaded = {}) {
-  subject.cold_load(subject.draw_checkpoint(options.seed));
-  if (loaded) loaded();
+// The live layer every capture starts from: a cold load of the run's first
+// checkpoint, and its warm-up, the forward run on `x`. `loaded`, if given,
+// runs between the two: what the layer holds then is what its load made.
+std::shared_ptr<SubjectLayer> cold_load_and_warm_up(
+    ReloadSubject& subject, const RunOptions& options, const at::Tensor& x, bool under_trace,
+    const std::function<void(SubjectLayer&)>& loaded = {}) {
+  std::shared_ptr<SubjectLayer> layer = cold_loaded(subject, subject.draw_checkpoint(options.seed));
+  if (loaded) loaded(*layer);
   // Engines run the forward before they capture; state it makes and keeps
   // (a workspace, a first-forward repack) belongs to the capture.
-  subject.forward(x);
+  layer->forward(x);
   if (options.trace && under_trace) {
     // Note [A warm-up under the trace's key]
     // Code that depends on the thread's dispatch keys runs otherwise under
@@ -191,8 +192,9 @@ void cold_load_and_warm_up(ReloadSubject& subject, const RunOptions& options, co
     // says its forward may be such code (SubjectInfo::warm_up_under_trace):
     // for any other it is a forward more, and nothing to see.
     trace::ReadTrace warm_up(trace::ReadTrace::Options{/*nested=*/false, /*hook=*/nullptr});
-    subject.forward(x);
+    layer->forward(x);
   }
+  return layer;
 }
 
 // One mode of the protocol, as its steps: start (cold load, warm-up,
@@ -210,8 +212,7 @@ class ModeRun {
         mode_(mode),
         input_(input),
         sink_(report_, options.max_listed),
-        memory_tolerance_(info.memory_tolerance_bytes),
-        warm_up_under_trace_(info.warm_up_under_trace),
+        info_(info),
         steps_(options.steps.merged_with(info.steps)) {
     report_.mode = mode;
     report_.expected_to_pass =
@@ -226,20 +227,25 @@ class ModeRun {
       census_.emplace();
       quarantine_.emplace();
     }
+    std::optional<CachesEmptied> mode_caches;  // each mode starts from empty caches
     try {
+      mode_caches.emplace(subject_);
       start();
       for (int r = 1; r <= options_.reloads && !stopped_; ++r) check_reload(r);
       check_memory();
     } catch (const std::exception& e) {
       add_error("", e);
     }
-    // The subject lets go of what the mode loaded however the mode ended; a
-    // release that fails is the mode's error too (after the run's own, if
-    // any), since the next mode or run starts from what it left.
+    // The mode lets go of its layer and puts the caches back however it
+    // ended; a restore that fails is the mode's error too (after the run's
+    // own, if any), since the next mode or run starts from what it left.
+    capture_ = Capture{};
+    graph_.reset();
+    live_.reset();
     try {
-      subject_.release();
+      if (mode_caches) mode_caches->restore();
     } catch (const std::exception& e) {
-      add_error("release: ", e);
+      add_error("restoring the module caches: ", e);
     }
     return std::move(report_);
   }
@@ -260,27 +266,22 @@ class ModeRun {
   void start() {
     if (!input_.defined()) input_ = draw_run_input(subject_, options_);
     x_ = input_.clone();
-    cold_load_and_warm_up(subject_, options_, x_, warm_up_under_trace_, [&] {
-      if (steps_.sleep_level == 1) remember_loaded_storages();
-    });
+    live_ = cold_load_and_warm_up(subject_, options_, x_, info_.warm_up_under_trace,
+                                  [&](SubjectLayer& layer) {
+                                    if (steps_.sleep_level == 1) remember_loaded_storages(layer);
+                                  });
     const auto bytes = at::TensorOptions().dtype(at::kByte);
     canary_ = at::full({kCanaryBytes}, kCanaryByte, bytes.device(options_.device));
     canary_bytes_ = at::full({kCanaryBytes}, kCanaryByte, bytes);
     // The declared baseline is taken after the warm-up, as the capture is;
     // so are the host numbers the capture bakes in.
-    declared_ = declared_locations(subject_.named_tensors());
-    if (steps_.host_numbers) captured_numbers_ = subject_.named_numbers();
-    TORCH_CHECK(!steps_.recreate_parameters || !subject_.parameters().empty(),
+    declared_ = declared_locations(live_->named_tensors());
+    if (steps_.host_numbers) captured_numbers_ = checked_numbers(*live_, info_);
+    TORCH_CHECK(!steps_.recreate_parameters || !live_->parameters().empty(),
                 "recreate_parameters: the subject names no registered parameters "
-                "(ReloadSubject::parameters), so none can be re-created");
-    if (steps_.compare_state || steps_.compare_forward_state) {
-      TORCH_CHECK(subject_.has_cold_state(),
-                  "compare_state: this subject cannot make a cold load aside and name what it "
-                  "holds (ReloadSubject::cold_state); run without compare_state and "
-                  "compare_forward_state");
-    }
+                "(SubjectLayer::parameters), so none can be re-created");
     if (options_.trace) {
-      capture_ = capture(subject_, x_);
+      capture_ = capture(*live_, x_);
       count_reads(capture_, report_);
     }
     if (!options_.device.is_cpu()) capture_graph();
@@ -305,7 +306,8 @@ class ModeRun {
       DirectReloadScope direct(mode_ == ReloadMode::kDirect);
       std::optional<trace::Quarantine::Capturing> capturing;
       if (quarantine_) capturing.emplace(*quarantine_);
-      subject_.reload(mode_, ckpt);
+      live_->load(ckpt);
+      live_->process();
     });
     if (!reloaded) return;
     if (steps_.reload_peak_budget_bytes) check_peak(r, before_load);
@@ -325,7 +327,7 @@ class ModeRun {
     // allocates on the device is.
     if (steps_.host_numbers) check_host_numbers(r);
     if (steps_.compare_state) check_state(r, ckpt);
-    compare_declared(declared_, declared_locations(subject_.named_tensors()), r, sink_);
+    compare_declared(declared_, declared_locations(live_->named_tensors()), r, sink_);
     for (const auto& [n, t] : ckpt) {
       // The loaders and post-processing must not write into the checkpoint.
       if (!pristine.at(n).unchanged(t)) sink_.add(r, "checkpoint:" + n, "bytes changed", "", "");
@@ -366,11 +368,7 @@ class ModeRun {
   }
 
   // What the live layer holds, its module caches' tensors included.
-  LayerState live_state() {
-    LayerState live{subject_.named_tensors(), subject_.named_numbers()};
-    for (trace::NamedTensor& c : subject_.cache_tensors()) live.tensors.push_back(std::move(c));
-    return live;
-  }
+  LayerState live_state() { return layer_state(*live_, subject_.cache_tensors(), info_); }
 
   // Right after the live forward, before the capture's replay runs its ops
   // on the live tensors: the layer against a cold load that ran one forward
@@ -378,7 +376,7 @@ class ModeRun {
   void check_forward_state(int r, const Checkpoint& ckpt) {
     const LayerState live = live_state();
     const at::Tensor x = input_.clone();  // the aside forward may write its input
-    const LayerState cold = aside([&] { return subject_.cold_state(ckpt, /*loads=*/1, x); });
+    const LayerState cold = aside([&] { return cold_state(subject_, info_, ckpt, 1, x); });
     for (const StateDifference& d : state_differences(live, cold)) {
       if (!flagged_state_.insert(d.name).second) continue;
       sink_.add(r, d.name,
@@ -396,14 +394,14 @@ class ModeRun {
     bool own_sleep = false;
     if (steps_.sleep_level > 0 &&
         !layer_step_runs(r, "the subject's sleep and wake before it",
-                         [&] { own_sleep = subject_.sleep_and_wake(steps_.sleep_level); })) {
+                         [&] { own_sleep = live_->sleep_and_wake(steps_.sleep_level); })) {
       return false;
     }
     if (steps_.sleep_level > 0 && !own_sleep) {
-      std::vector<trace::NamedTensor> reached = subject_.named_tensors();
+      std::vector<trace::NamedTensor> reached = live_->named_tensors();
       std::vector<trace::NamedTensor> caches = subject_.cache_tensors();
       reached.insert(reached.end(), caches.begin(), caches.end());
-      std::vector<at::Tensor> restored = subject_.buffers();
+      std::vector<at::Tensor> restored = live_->buffers();
       if (steps_.sleep_level == 1) {
         // Level 1 keeps the weights' memory on the host while asleep: all
         // the load made comes back, parameters, buffers and any other
@@ -420,19 +418,19 @@ class ModeRun {
             restored.push_back(n.tensor);
           }
         }
-        std::vector<at::Tensor> params = subject_.parameters();
+        std::vector<at::Tensor> params = live_->parameters();
         restored.insert(restored.end(), params.begin(), params.end());
       }
       sleep_and_wake(reached, restored);
     }
-    if (steps_.recreate_parameters) recreate_parameters(subject_.parameters());
+    if (steps_.recreate_parameters) recreate_parameters(live_->parameters());
     return true;
   }
 
   // For sleep level 1: the storages the layer reaches right after its cold
   // load, held weakly (a storage the layer lets go of is not kept alive).
-  void remember_loaded_storages() {
-    for (const trace::NamedTensor& n : subject_.named_tensors()) {
+  void remember_loaded_storages(SubjectLayer& layer) {
+    for (const trace::NamedTensor& n : layer.named_tensors()) {
       if (n.tensor.defined() && n.tensor.has_storage()) {
         loaded_storages_.emplace_back(n.tensor.storage().getWeakStorageImpl());
       }
@@ -477,7 +475,7 @@ class ModeRun {
   // Every host number keeps its captured value; each name is flagged at
   // the first reload that changes it.
   void check_host_numbers(int r) {
-    for (const NamedNumber& n : subject_.named_numbers()) {
+    for (const NamedNumber& n : checked_numbers(*live_, info_)) {
       const auto old = std::find_if(captured_numbers_.begin(), captured_numbers_.end(),
                                     [&](const NamedNumber& c) { return c.name == n.name; });
       if (old == captured_numbers_.end() || flagged_numbers_.count(n.name) > 0) continue;
@@ -493,15 +491,13 @@ class ModeRun {
   // each name is flagged at the first reload where it differs.
   void check_state(int r, const Checkpoint& ckpt) {
     const LayerState live = live_state();
-    const LayerState cold =
-        aside([&] { return subject_.cold_state(ckpt, /*loads=*/1, /*forward_input=*/{}); });
+    const LayerState cold = aside([&] { return cold_state(subject_, info_, ckpt, 1, {}); });
     const std::vector<StateDifference> differences = state_differences(live, cold);
     if (differences.empty()) return;
     if (!not_idempotent_) {
       // Asked once per mode, of the first checkpoint that shows a difference.
       not_idempotent_.emplace();
-      const LayerState twice =
-          aside([&] { return subject_.cold_state(ckpt, /*loads=*/2, /*forward_input=*/{}); });
+      const LayerState twice = aside([&] { return cold_state(subject_, info_, ckpt, 2, {}); });
       for (const StateDifference& d : state_differences(twice, cold)) {
         not_idempotent_->insert(d.name);
       }
@@ -525,7 +521,7 @@ class ModeRun {
     TORCH_CHECK(capture != nullptr, "the protocol on ", options_.device.str(),
                 " needs its graph step, and ", cuda_unavailable_reason());
     try {
-      graph_ = capture(options_.device, [&] { return subject_.forward(x_); });
+      graph_ = capture(options_.device, [&] { return live_->forward(x_); });
     } catch (const std::exception& e) {
       const std::string what = e.what();
       sink_.add(0, "cuda graph", "capture failed", "", what.substr(0, what.find('\n')));
@@ -543,7 +539,7 @@ class ModeRun {
     if (options_.trace) {
       trace::CheckingRetrace retrace(*capture_.forward);
       const bool ran =
-          layer_step_runs(r, "the forward after the reload", [&] { out = subject_.forward(x_); });
+          layer_step_runs(r, "the forward after the reload", [&] { out = live_->forward(x_); });
       retrace.stop();
       if (!ran) return;
       if (steps_.compare_forward_state) check_forward_state(r, ckpt);
@@ -565,14 +561,13 @@ class ModeRun {
       }
       replays_as_retraced = capture_.forward->replays_as(retrace);
     } else {
-      if (!layer_step_runs(r, "the forward after the reload",
-                           [&] { out = subject_.forward(x_); })) {
+      if (!layer_step_runs(r, "the forward after the reload", [&] { out = live_->forward(x_); })) {
         return;
       }
       if (steps_.compare_forward_state) check_forward_state(r, ckpt);
     }
     const at::Tensor expected = cold_loads_.forward(
-        r, ckpt, x_, [&] { return aside([&] { return subject_.cold_forward(ckpt, x_); }); });
+        r, ckpt, x_, [&] { return aside([&] { return cold_forward(subject_, ckpt, x_); }); });
     const bool out_close = close(out, expected);
     if (!out_close) {
       sink_.add(r, "forward", "differs from a cold load of the same checkpoint", "cold load",
@@ -609,7 +604,7 @@ class ModeRun {
   bool sequence_follows_the_weights(const trace::CheckingRetrace& retrace, const Checkpoint& ckpt) {
     const at::Tensor x = input_.clone();  // the aside forward may write its input
     trace::ReadTrace cold;
-    aside([&] { return subject_.cold_forward(ckpt, x); });
+    aside([&] { return cold_forward(subject_, ckpt, x); });
     cold.stop();
     return capture_.forward->follows_values(retrace, cold.ops());
   }
@@ -699,7 +694,7 @@ class ModeRun {
   void check_memory() {
     const std::vector<int64_t>& bytes = report_.memory_bytes;
     if (bytes.size() < 3) return;
-    if (aside_bytes_.back() - aside_bytes_[1] > memory_tolerance_) {
+    if (aside_bytes_.back() - aside_bytes_[1] > info_.memory_tolerance_bytes) {
       report_.warnings.push_back(
           Warning{"memory", "",
                   "layers built aside (the check's cold loads) keep " +
@@ -714,7 +709,7 @@ class ModeRun {
     }
     const int64_t first = bytes[1];
     const int64_t last = bytes.back();
-    if (last - first <= memory_tolerance_) return;
+    if (last - first <= info_.memory_tolerance_bytes) return;
     sink_.add(options_.reloads, "memory",
               "grew by " + std::to_string(last - first) + " bytes over " +
                   std::to_string(options_.reloads - 1) + " reloads",
@@ -730,9 +725,9 @@ class ModeRun {
   at::Tensor x_;       // the copy of input_ the forward is handed
   ModeReport report_;
   ViolationSink sink_;
-  const int64_t memory_tolerance_;
-  const bool warm_up_under_trace_;  // SubjectInfo::warm_up_under_trace
+  const SubjectInfo& info_;
   const ReloadSteps steps_;
+  std::shared_ptr<SubjectLayer> live_;                   // the layer the mode reloads
   std::vector<NamedNumber> captured_numbers_;            // host_numbers: as captured
   std::set<std::string> flagged_numbers_;                // host_numbers: names flagged
   std::set<std::string> flagged_state_;                  // compare_state: names flagged
@@ -806,10 +801,16 @@ BackendReport run_subject(ReloadSubject& subject, const RunOptions& options) {
 
 std::vector<CapturedRead> captured_reads(ReloadSubject& subject, const RunOptions& options) {
   const at::Tensor x = draw_run_input(subject, options);
-  cold_load_and_warm_up(subject, options, x, subject.info().warm_up_under_trace);
-  const Capture c = capture(subject, x);
-  std::vector<CapturedRead> reads = c.forward->reads(*c.names);
-  subject.release();
+  CachesEmptied caches(subject);
+  std::shared_ptr<SubjectLayer> layer =
+      cold_load_and_warm_up(subject, options, x, subject.info().warm_up_under_trace);
+  std::vector<CapturedRead> reads;
+  {
+    const Capture c = capture(*layer, x);
+    reads = c.forward->reads(*c.names);
+  }
+  layer.reset();
+  caches.restore();
   return reads;
 }
 

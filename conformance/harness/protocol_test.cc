@@ -8,6 +8,7 @@
 
 #include "conformance/harness/device_graph.h"
 #include "conformance/harness/report_format.h"
+#include "utils/reload_context.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
@@ -35,7 +36,10 @@
 namespace reloadsafe::harness {
 namespace {
 
-// y = x @ w^T with w loaded in place; counts the cold loads it is asked for.
+// y = x @ w^T with w loaded in place; counts what the protocol asks of it.
+// The layers the protocol builds aside (to compare a reload with) are built
+// with the module caches emptied a second time (layer_life.h): the subject
+// counts the depth to tell them from each mode's live layer.
 class CountingSubject : public ReloadSubject {
  public:
   SubjectInfo info() const override {
@@ -49,40 +53,17 @@ class CountingSubject : public ReloadSubject {
     at::Generator gen = at::detail::createCPUGenerator(vary ? seed + 7 * ++draws : seed);
     return {{"w", at::randn({8, 16}, gen)}};
   }
-  void cold_load(const Checkpoint& ckpt) override {
-    w_ = ckpt.at("w").clone();
-    first_forward_ = true;
-    if (cold_output_buffer) out_buf_ = at::empty({4, 8});
+  at::Tensor draw_input(uint64_t seed) override {
+    ++input_draws;
+    at::Generator gen = at::detail::createCPUGenerator(seed);
+    return at::randn({4, 16}, gen);
   }
-  void reload(ReloadMode mode, const Checkpoint& ckpt) override {
-    if (!reload_error.empty()) {
-      if (reload_error_from_c10) TORCH_CHECK(false, reload_error);
-      throw std::runtime_error(reload_error);
-    }
-    if (rebuild_at == ++reloads_seen) {
-      w_ = ckpt.at("w").clone();  // a new tensor: every captured read of w is stale
-      return;
-    }
-    w_.copy_(ckpt.at("w"));
-    if (wrong_in_direct && mode == ReloadMode::kDirect) w_.add_(1.0);
-    if (keep_per_reload) kept.push_back(w_.clone());  // a history nobody reads
+  std::shared_ptr<SubjectLayer> new_layer() override;
+  void empty_caches() override { ++cache_depth; }
+  void restore_caches() override {
+    if (--cache_depth == 0 && !restore_error.empty()) throw std::runtime_error(restore_error);
   }
-  at::Tensor forward(const at::Tensor& x) override {
-    if (first_forward_) first_inputs.push_back(x.clone());
-    first_forward_ = false;
-    at::Tensor y = routed(x, w_);
-    if (write_input) x.add_(1.0);
-    return scale_from_checkpoint ? at::mul(y, scale_of(w_)) : y;
-  }
-  at::Tensor cold_forward(const Checkpoint& ckpt, const at::Tensor& x) override {
-    ++cold_forwards;
-    const at::Tensor w = ckpt.at("w").clone();
-    if (keep_aside) kept.push_back(w);  // a registry of every layer built
-    // Every cold forward's output in the one buffer the subject keeps.
-    if (cold_output_buffer) return at::mm_out(out_buf_, x, w.t());
-    at::Tensor y = routed(x, w);
-    return scale_from_checkpoint ? at::mul(y, scale_of(w)) : y;
-  }
+
   // x @ w^T; with `route_by_sign`, then through a relu where w sums to a
   // negative number: the ops follow the weights' values, as an MoE loop over
   // the experts that got tokens does.
@@ -94,42 +75,78 @@ class CountingSubject : public ReloadSubject {
   // A number derived from the weights and handed to an op by value, as a
   // Python float computed in post-processing is: a graph keeps the captured one.
   static double scale_of(const at::Tensor& w) { return 1.0 + w.abs().max().item<double>(); }
-  std::vector<NamedTensor> named_tensors() override { return {{"w", w_, true}}; }
-  at::Tensor draw_input(uint64_t seed) override {
-    ++input_draws;
-    at::Generator gen = at::detail::createCPUGenerator(seed);
-    return at::randn({4, 16}, gen);
-  }
-  void release() override {
-    w_ = at::Tensor();
-    if (!release_error.empty()) throw std::runtime_error(release_error);
-  }
 
   bool vary = false;
   bool wrong_in_direct = false;
   bool scale_from_checkpoint = false;
-  bool cold_output_buffer = false;
+  bool cold_output_buffer = false;     ///< every aside forward's output in one buffer
   bool write_input = false;            ///< the forward adds 1 to its input in place
-  bool keep_aside = false;             ///< every cold load's weight is kept (a registry)
+  bool keep_aside = false;             ///< every aside layer's weight is kept (a registry)
   bool keep_per_reload = false;        ///< every reload keeps a copy of the weight
   bool route_by_sign = false;          ///< see routed()
   std::vector<at::Tensor> kept;        ///< what keep_aside and keep_per_reload keep
   int rebuild_at = 0;                  ///< the reload (counted over both modes) that rebuilds w
   std::string reload_error;            ///< every reload throws this, if not empty
   bool reload_error_from_c10 = false;  ///< ... as a c10::Error (TORCH_CHECK)
-  std::string release_error;           ///< release() throws this, if not empty
+  std::string restore_error;           ///< the mode's restore_caches() throws this, if not empty
   int reloads_seen = 0;
   int draws = 0;
   int input_draws = 0;
-  int cold_forwards = 0;
+  int cold_forwards = 0;                   ///< forwards of layers built aside
+  int cache_depth = 0;                     ///< empty_caches() not yet restored
   std::vector<uint64_t> checkpoint_seeds;  ///< every draw_checkpoint's seed, in order
-  std::vector<at::Tensor> first_inputs;    ///< the input of each cold load's first forward
+  std::vector<at::Tensor> first_inputs;    ///< the input of each live layer's first forward
+  at::Tensor out_buf = at::empty({4, 8});  ///< cold_output_buffer's buffer
+};
+
+class CountingLayer : public SubjectLayer {
+ public:
+  explicit CountingLayer(CountingSubject& s) : s_(s), aside_(s.cache_depth > 1) {}
+
+  void load(const Checkpoint& ckpt) override {
+    if (!w_.defined()) {
+      w_ = ckpt.at("w").clone();
+      if (aside_ && s_.keep_aside) s_.kept.push_back(w_);
+      return;
+    }
+    if (!s_.reload_error.empty()) {
+      if (s_.reload_error_from_c10) TORCH_CHECK(false, s_.reload_error);
+      throw std::runtime_error(s_.reload_error);
+    }
+    if (s_.rebuild_at == ++s_.reloads_seen) {
+      w_ = ckpt.at("w").clone();  // a new tensor: every captured read of w is stale
+      return;
+    }
+    w_.copy_(ckpt.at("w"));
+    if (s_.wrong_in_direct && direct_reload_enabled()) w_.add_(1.0);
+    if (s_.keep_per_reload) s_.kept.push_back(w_.clone());  // a history nobody reads
+  }
+  void process() override {}
+  at::Tensor forward(const at::Tensor& x) override {
+    if (aside_) {
+      ++s_.cold_forwards;
+      // Every aside forward's output in the one buffer the subject keeps.
+      if (s_.cold_output_buffer) return at::mm_out(s_.out_buf, x, w_.t());
+    } else if (first_forward_) {
+      s_.first_inputs.push_back(x.clone());
+    }
+    first_forward_ = false;
+    at::Tensor y = s_.routed(x, w_);
+    if (s_.write_input && !aside_) x.add_(1.0);
+    return s_.scale_from_checkpoint ? at::mul(y, CountingSubject::scale_of(w_)) : y;
+  }
+  std::vector<NamedTensor> named_tensors() override { return {{"w", w_, true}}; }
 
  private:
-  bool first_forward_ = false;
+  CountingSubject& s_;
+  const bool aside_;
+  bool first_forward_ = true;
   at::Tensor w_;
-  at::Tensor out_buf_;
 };
+
+std::shared_ptr<SubjectLayer> CountingSubject::new_layer() {
+  return std::make_shared<CountingLayer>(*this);
+}
 
 RunOptions options(int reloads, bool trace) {
   RunOptions o;
@@ -334,28 +351,30 @@ TEST(Protocol, EachModeDrawsTheColdLoadFromTheRunsSeedAndReloadRFromReloadSeed) 
 // Note [A reload that raises]: after a cold load that ran, a reload that
 // raises is the reload's bug, a violation at that reload naming the step and
 // what it raised (its first line; a c10 error without LibTorch's
-// backtrace); the mode ends there. A release that fails is the mode's error.
-TEST(Protocol, AReloadThatRaisesIsAViolationAndAFailedReleaseIsTheModesError) {
+// backtrace); the mode ends there. Putting the module caches back at the
+// mode's end, when it fails, is the mode's error.
+TEST(Protocol, AReloadThatRaisesIsAViolationAndAFailedRestoreIsTheModesError) {
   struct Row {
     const char* name;
     std::string reload_error;
     bool from_c10;
-    std::string release_error;
+    std::string restore_error;
     std::string raised;  ///< the violation's after; empty: no reload violation
     std::string error;   ///< the mode's error
   };
   const Row rows[] = {
       {"reload", "first line\nsecond line\n", false, "", "first line", ""},
       {"reload (c10)", "first line\nsecond line", true, "", "first line", ""},
-      {"release", "", false, "gone\nfor good", "", "release: gone\nfor good"},
-      {"both", "first line\nsecond line", false, "gone", "first line", "release: gone"},
+      {"restore", "", false, "gone\nfor good", "", "restoring the module caches: gone\nfor good"},
+      {"both", "first line\nsecond line", false, "gone", "first line",
+       "restoring the module caches: gone"},
   };
   for (const Row& row : rows) {
     SCOPED_TRACE(row.name);
     CountingSubject subject;
     subject.reload_error = row.reload_error;
     subject.reload_error_from_c10 = row.from_c10;
-    subject.release_error = row.release_error;
+    subject.restore_error = row.restore_error;
     const BackendReport report = run_subject(subject, options(2, false));
     ASSERT_EQ(report.modes.size(), 2u);
     for (const ModeReport& m : report.modes) {
@@ -461,47 +480,7 @@ class StepsSubject : public ReloadSubject {
     at::Generator gen = at::detail::createCPUGenerator(seed);
     return at::randn({4, 16}, gen);
   }
-  void cold_load(const Checkpoint& ckpt) override { live_ = loaded(ckpt, 1); }
-  void reload(ReloadMode /*mode*/, const Checkpoint& ckpt) override {
-    live_->load(ckpt);
-    live_->process();
-  }
-  at::Tensor forward(const at::Tensor& x) override { return live_->forward(x); }
-  at::Tensor cold_forward(const Checkpoint& ckpt, const at::Tensor& x) override {
-    return loaded(ckpt, 1)->forward(x);
-  }
-  std::vector<NamedTensor> named_tensors() override { return live_->state().tensors; }
-  std::vector<at::Tensor> parameters() override { return {live_->w_padded}; }
-  std::vector<at::Tensor> buffers() override {
-    if (bug_ == Bug::kPlainConstant) return {live_->k_scale};
-    return {live_->k_scale, live_->bias};
-  }
-  std::vector<NamedNumber> named_numbers() override { return live_->state().numbers; }
-  bool has_cold_state() const override { return true; }
-  LayerState cold_state(const Checkpoint& ckpt, int loads, const at::Tensor& x) override {
-    std::unique_ptr<StepsLayer> layer = loaded(ckpt, loads);
-    if (x.defined()) layer->forward(x);
-    return layer->state();
-  }
-  void release() override { live_.reset(); }
-  // With `own_sleep`: the engine's sleep helper, which keeps a host copy of
-  // every tensor while the layer sleeps (one more each cycle with
-  // `keep_every_cycle`) and restores all of them.
-  bool sleep_and_wake(int /*level*/) override {
-    if (!own_sleep) return false;
-    ++own_sleeps;
-    std::vector<at::Tensor> copies;
-    for (const NamedTensor& n : live_->state().tensors) copies.push_back(n.tensor.clone());
-    if (keep_every_cycle || host_copies.empty()) {
-      host_copies.push_back(copies);
-    } else {
-      host_copies.back() = copies;
-    }
-    for (const NamedTensor& n : live_->state().tensors) n.tensor.fill_(NAN);
-    const std::vector<NamedTensor> tensors = live_->state().tensors;
-    for (size_t i = 0; i < tensors.size(); ++i) tensors[i].tensor.copy_(host_copies.back()[i]);
-    return true;
-  }
+  std::shared_ptr<SubjectLayer> new_layer() override;
 
   bool own_sleep = false;
   bool keep_every_cycle = false;
@@ -509,18 +488,52 @@ class StepsSubject : public ReloadSubject {
   std::vector<std::vector<at::Tensor>> host_copies;
 
  private:
-  std::unique_ptr<StepsLayer> loaded(const Checkpoint& ckpt, int loads) const {
-    auto layer = std::make_unique<StepsLayer>(bug_);
-    for (int i = 0; i < loads; ++i) {
-      layer->load(ckpt);
-      layer->process();
-    }
-    return layer;
-  }
+  friend class StepsHandle;
   Bug bug_;
   ReloadSteps asked_;
-  std::unique_ptr<StepsLayer> live_;
 };
+
+class StepsHandle : public SubjectLayer {
+ public:
+  explicit StepsHandle(StepsSubject& s) : s_(s), layer_(s.bug_) {}
+
+  void load(const Checkpoint& ckpt) override { layer_.load(ckpt); }
+  void process() override { layer_.process(); }
+  at::Tensor forward(const at::Tensor& x) override { return layer_.forward(x); }
+  std::vector<NamedTensor> named_tensors() override { return layer_.state().tensors; }
+  std::vector<at::Tensor> parameters() override { return {layer_.w_padded}; }
+  std::vector<at::Tensor> buffers() override {
+    if (s_.bug_ == Bug::kPlainConstant) return {layer_.k_scale};
+    return {layer_.k_scale, layer_.bias};
+  }
+  std::vector<NamedNumber> named_numbers() override { return layer_.state().numbers; }
+  // With `own_sleep`: the engine's sleep helper, which keeps a host copy of
+  // every tensor while the layer sleeps (one more each cycle with
+  // `keep_every_cycle`) and restores all of them.
+  bool sleep_and_wake(int /*level*/) override {
+    if (!s_.own_sleep) return false;
+    ++s_.own_sleeps;
+    std::vector<at::Tensor> copies;
+    for (const NamedTensor& n : layer_.state().tensors) copies.push_back(n.tensor.clone());
+    if (s_.keep_every_cycle || s_.host_copies.empty()) {
+      s_.host_copies.push_back(copies);
+    } else {
+      s_.host_copies.back() = copies;
+    }
+    for (const NamedTensor& n : layer_.state().tensors) n.tensor.fill_(NAN);
+    const std::vector<NamedTensor> tensors = layer_.state().tensors;
+    for (size_t i = 0; i < tensors.size(); ++i) tensors[i].tensor.copy_(s_.host_copies.back()[i]);
+    return true;
+  }
+
+ private:
+  StepsSubject& s_;
+  StepsLayer layer_;
+};
+
+std::shared_ptr<SubjectLayer> StepsSubject::new_layer() {
+  return std::make_shared<StepsHandle>(*this);
+}
 
 bool flagged_in_every_mode(const BackendReport& report, const std::string& name) {
   for (const ModeReport& m : report.modes) {
@@ -681,10 +694,9 @@ TEST(ProtocolSteps, StepsThatCannotBeTakenAreRefusedWithTheirName) {
     ReloadSteps steps;
     std::string says;
   };
-  ReloadSteps sleep3, negative, state, recreate;
+  ReloadSteps sleep3, negative, recreate;
   sleep3.sleep_level = 3;
   negative.reload_peak_budget_bytes = -1;
-  state.compare_state = true;
   recreate.recreate_parameters = true;
   // Refused before anything runs.
   for (const Row& row : {Row{"sleep 3", sleep3, "sleep level must be 1 to 2"},
@@ -702,8 +714,7 @@ TEST(ProtocolSteps, StepsThatCannotBeTakenAreRefusedWithTheirName) {
     EXPECT_TRUE(subject.checkpoint_seeds.empty());
   }
   // A subject that cannot answer what the step needs: each mode's error.
-  for (const Row& row : {Row{"compare_state", state, "compare_state: this subject cannot"},
-                         Row{"recreate", recreate, "recreate_parameters: the subject names no"}}) {
+  for (const Row& row : {Row{"recreate", recreate, "recreate_parameters: the subject names no"}}) {
     SCOPED_TRACE(row.name);
     CountingSubject subject;
     RunOptions o = options(2, false);

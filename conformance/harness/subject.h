@@ -1,17 +1,20 @@
 // subject.h: what the reload protocol needs from a layer under test,
 // whatever it is written in.
 //
-// A subject holds one live layer at a time and offers the protocol's steps as
-// behaviour: draw a checkpoint, cold-load it, reload it, run the forward, run
-// the forward of a cold load made aside, name the layer's tensors. What the
-// subject is (its name, the modes it claims, whether it is a negative
-// control) is data, in one SubjectInfo. A C++ Backend is a subject through
-// BackendSubject (harness.h); a Python layer through the Python module's
-// subject class (python/reloadsafe/layer_subject.py).
+// A subject is a layer factory. It knows what only it can know: what it is
+// (SubjectInfo, data), how to draw a checkpoint and an input, how to build a
+// new layer (new_layer), and the module caches its layers share. A layer it
+// builds (SubjectLayer) loads a checkpoint, post-processes, runs its
+// forward and names what it holds. Everything else is the protocol's
+// (protocol.h, layer_life.h): which layers are built and when, the loads
+// made aside, the module caches around each mode, what a layer's state is.
+// A C++ Backend is a subject through BackendSubject (harness.h); a Python
+// layer through reloadsafe's LayerSubject (python/reloadsafe/layer_subject.py).
 //
-// Invariant: the protocol calls reload() only after cold_load(), and inside a
-// DirectReloadScope for ReloadMode::kDirect (the protocol is the one place
-// that enters it); a subject never enters one itself.
+// Invariant: the protocol loads a layer again only after its first load and
+// post-processing, and inside a DirectReloadScope for ReloadMode::kDirect
+// (the protocol is the one place that enters it); neither a subject nor its
+// layers ever enter one themselves.
 #pragma once
 
 #include "conformance/harness/layer_state.h"
@@ -22,6 +25,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -67,6 +71,52 @@ struct SubjectInfo {
   /// key] in protocol.cc). Off for C++ backends, whose code has no such
   /// variants; the Python subject sets it where torch.compile can run.
   bool warm_up_under_trace = false;
+  /// Names whose values the subject says may change freely (a workspace, a
+  /// counter; Python's `undeclared`): left out of every comparison of
+  /// values (layer states, host numbers).
+  std::vector<std::string> free_names;
+};
+
+/// One layer a subject built: load, post-process, forward, and what it holds
+/// by name. Which layer is built when, and what is compared with what, is
+/// the protocol's.
+class SubjectLayer {
+ public:
+  virtual ~SubjectLayer() = default;
+
+  /// Loads `ckpt` through the layer's loaders (no post-processing).
+  virtual void load(const Checkpoint& ckpt) = 0;
+
+  /// Post-processes what the last load() wrote, as an engine's loader does
+  /// after every load.
+  virtual void process() = 0;
+
+  /// The layer's forward.
+  virtual at::Tensor forward(const at::Tensor& x) = 0;
+
+  /// Every tensor of the layer the subject can name; `declared` for those a
+  /// kernel is promised to find where the capture saw them.
+  virtual std::vector<NamedTensor> named_tensors() = 0;
+
+  /// Every opaque object of the layer the subject can name.
+  virtual std::vector<NamedObject> named_objects() { return {}; }
+
+  /// Every host number (int, float) the layer reaches, by name.
+  virtual std::vector<NamedNumber> named_numbers() { return {}; }
+
+  /// The registered parameters (a tensor subclass as the tensors that hold
+  /// its bytes): what a layerwise reload re-creates and every sleep at level
+  /// 1 restores. Empty where the subject cannot name them.
+  virtual std::vector<at::Tensor> parameters() { return {}; }
+
+  /// The registered buffers, as parameters(): what every wake restores.
+  virtual std::vector<at::Tensor> buffers() { return {}; }
+
+  /// The layer's own sleep and wake (an engine's, with whatever it keeps on
+  /// the host while asleep), if it has one: does it and returns true. False,
+  /// the default, has the protocol emulate sleep at `level`
+  /// (reload_steps.h).
+  virtual bool sleep_and_wake(int /*level*/) { return false; }
 };
 
 class ReloadSubject {
@@ -78,78 +128,31 @@ class ReloadSubject {
 
   /// The checkpoint of `seed`: the same names and layouts for every seed,
   /// different values (on the CPU, where an mmap'd checkpoint lives).
+  /// Subjects that draw from layouts use draw_from_pools
+  /// (checkpoint_pools.h), the one generator of both languages.
   virtual Checkpoint draw_checkpoint(uint64_t seed) = 0;
 
   /// The forward's input of `seed`.
   virtual at::Tensor draw_input(uint64_t seed) = 0;
 
-  /// Creates the live layer, loads `ckpt` through its loaders and
-  /// post-processes it.
-  virtual void cold_load(const Checkpoint& ckpt) = 0;
+  /// A new layer on the run's device, built and not loaded.
+  virtual std::shared_ptr<SubjectLayer> new_layer() = 0;
 
-  /// Loads `ckpt` into the live layer through the same loaders and
-  /// post-processes again (see the invariant at the top of this file).
-  virtual void reload(ReloadMode mode, const Checkpoint& ckpt) = 0;
+  // The module caches: state kept outside the layers (a module-level dict)
+  // that post-processing fills and every layer of the subject shares. The
+  // protocol empties them for each mode and for each layer it builds aside
+  // (CachesEmptied, layer_life.h). A subject without any keeps the defaults.
 
-  /// The live layer's forward.
-  virtual at::Tensor forward(const at::Tensor& x) = 0;
-
-  /// The forward on `x` of a cold load of `ckpt` into a second layer: what a
-  /// reload of `ckpt` must reproduce.
-  virtual at::Tensor cold_forward(const Checkpoint& ckpt, const at::Tensor& x) = 0;
-
-  /// Every tensor of the live layer the subject can name.
-  virtual std::vector<NamedTensor> named_tensors() = 0;
-
-  /// Every opaque object of the live layer the subject can name.
-  virtual std::vector<NamedObject> named_objects() { return {}; }
-
-  // What the steps of ReloadSteps need (run_options.h). A subject that
-  // cannot answer one keeps the default: a run whose step needs a cold
-  // state or parameters and gets none is refused with the step's name; the
-  // other defaults say there is nothing of the kind (no buffers, caches or
-  // host numbers).
-
-  /// The subject's own sleep and wake (an engine's, with whatever it keeps
-  /// on the host while asleep), if it has one: does it on the live layer
-  /// and returns true. False, the default, has the protocol emulate sleep
-  /// at `level` (reload_steps.h).
-  virtual bool sleep_and_wake(int /*level*/) { return false; }
-
-  /// The live layer's registered parameters (a tensor subclass as the
-  /// tensors that hold its bytes): what a layerwise reload re-creates and
-  /// every sleep at level 1 restores.
-  virtual std::vector<at::Tensor> parameters() { return {}; }
-
-  /// The live layer's registered buffers, as parameters(): what every wake
-  /// restores.
-  virtual std::vector<at::Tensor> buffers() { return {}; }
-
-  /// Tensors of caches kept outside the layer (a module-level dict) that
-  /// post-processing reads, when the author names them: slept with the
-  /// layer and compared by name; not held to their addresses.
+  /// The tensors the caches hold now, by name; slept with the live layer
+  /// and compared by name, not held to their addresses.
   virtual std::vector<NamedTensor> cache_tensors() { return {}; }
 
-  /// Every host number (int, float) the live layer reaches, by name; names
-  /// the author marked as free to change are left out.
-  virtual std::vector<NamedNumber> named_numbers() { return {}; }
+  /// Empties the caches, keeping what they held for restore_caches(); calls
+  /// nest.
+  virtual void empty_caches() {}
 
-  /// Whether the subject answers cold_state.
-  virtual bool has_cold_state() const { return false; }
-
-  /// A cold load of `ckpt` made aside, in a second layer that loads and
-  /// post-processes it `loads` times (1, or 2 to tell a non-idempotent
-  /// post-processing) and then, when `forward_input` is defined, runs its
-  /// forward on it once; as what it holds: its tensors (its caches'
-  /// included) and host numbers, by the names the live layer's have. Names
-  /// the subject does not want compared are left out.
-  virtual LayerState cold_state(const Checkpoint& /*ckpt*/, int /*loads*/,
-                                const at::Tensor& /*forward_input*/) {
-    return {};
-  }
-
-  /// Drops the live layer (between modes).
-  virtual void release() {}
+  /// Puts back what the matching empty_caches() kept.
+  virtual void restore_caches() {}
 };
 
 }  // namespace reloadsafe::harness

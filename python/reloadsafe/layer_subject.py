@@ -1,7 +1,9 @@
 """A Python layer as the protocol's subject (conformance/harness/subject.h):
-``check_reload``'s arguments about the layer, validated here, and the steps
-the protocol calls on it (build, load, post-process, forward, name what it
-holds), with the post-processing an engine's loader runs by default."""
+``check_reload``'s arguments about the layer, validated here, and what only
+the subject knows: how to build a layer, load it, post-process it (by
+default as an engine's loader does), run its forward and name what it
+holds. Which layers are built when, the loads made aside and what is
+compared are the protocol's (conformance/harness/layer_life.h)."""
 from __future__ import annotations
 
 import contextlib
@@ -30,7 +32,7 @@ from .loading import (
 from .sleep import Caches, cache_tensors, caches_emptied
 from .walk import named_numbers, named_objects, named_tensors, shared_object_names, tensor_parts
 
-__all__ = ["LayerSubject", "MODES", "process_weights_after_loading", "whole_number"]
+__all__ = ["LayerHandle", "LayerSubject", "MODES", "process_weights_after_loading", "whole_number"]
 
 #: The reload modes: "normal" (post-processing as after a first load) and
 #: "direct" (inside ``direct_reload()``, where a weight may use all of its old
@@ -46,9 +48,9 @@ ForwardFn = Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
 class LayerSubject(_C.ReloadSubject):
     """A Python layer as the protocol's subject (conformance/harness/subject.h):
     check_reload's arguments about the layer, validated here and nowhere
-    else, and the steps the protocol calls (``info``, ``draw_checkpoint``,
-    ``draw_input``, ``cold_load``, ``reload``, ``forward``, ``cold_forward``,
-    ``named_tensors``, ``named_objects``, ``release``) on one live layer."""
+    else, and what the protocol asks of a subject (``info``,
+    ``draw_checkpoint``, ``draw_input``, ``new_layer``, and the module
+    caches: ``cache_tensors``, ``empty_caches``, ``restore_caches``)."""
 
     def __init__(
         self,
@@ -67,7 +69,6 @@ class LayerSubject(_C.ReloadSubject):
         allow_constant_output: bool = False,
     ) -> None:
         _C.ReloadSubject.__init__(self)
-        self.live: torch.nn.Module | None = None
         if isinstance(layer, torch.nn.Module):
             # A pristine copy made before anything is loaded: every cold load
             # starts from a copy of it, and the caller's module is left as it
@@ -108,17 +109,16 @@ class LayerSubject(_C.ReloadSubject):
         self.allow_constant_output = bool(allow_constant_output)
         self.module_caches: Caches = {}
         self._layout_notes: list[str] | None = None
-        # The module caches emptied from each mode's cold load to its
-        # release, so each mode starts from empty caches and the process
-        # gets back what they held (what the C++ harness does).
-        self._mode_caches: contextlib.ExitStack | None = None
+        # The caches emptied by each empty_caches() not yet restored,
+        # innermost last.
+        self._emptied: list[contextlib.ExitStack] = []
         self.own_sleep: Callable[[torch.nn.Module], None] | None = None  # sleep=function
 
-        probe = self.new_layer()
+        probe = self.build_layer()
         # What two layers of the factory share is no layer's state: a host
         # number there (vLLM's quant_config counting quantization time)
         # changes with every layer built, the check's own included.
-        self.shared = tuple(shared_object_names(probe, self.new_layer()))
+        self.shared = tuple(shared_object_names(probe, self.build_layer()))
         # Numbers two cold loads of one checkpoint disagree on (preflight).
         self.volatile: frozenset[str] = frozenset()
         n_weights = sum(1 for _ in probe.parameters()) + sum(1 for _ in probe.buffers())
@@ -131,7 +131,7 @@ class LayerSubject(_C.ReloadSubject):
         if make_checkpoint is None:
             check_drawable(self.name, probe)
         self.layouts = checkpoint_layouts(probe)
-        self.drawer = CheckpointDrawer(self.layouts)  # one random draw per tensor, then copies
+        self.drawer = CheckpointDrawer(self.layouts)  # the protocol's generator, as C++ subjects draw
         if make_checkpoint is None and not self.layouts:
             raise ReloadCheckError(
                 f"check_reload: every parameter of {self.name} is empty, so no checkpoint can be "
@@ -139,7 +139,7 @@ class LayerSubject(_C.ReloadSubject):
             )
         self.first_checkpoint = self.draw_checkpoint(0)
 
-    # What the protocol calls.
+    # What the protocol asks of a subject.
     def info(self) -> Any:
         info = _C.SubjectInfo(
             self.name,
@@ -152,107 +152,42 @@ class LayerSubject(_C.ReloadSubject):
         # Where torch.compile is loaded, the forward may run code compiled
         # for the thread's dispatch keys: warmed up under the trace's key too.
         info.warm_up_under_trace = "torch._dynamo" in sys.modules
+        # Left out of every comparison of values: what the author marked as
+        # free to change, and numbers no load decides (preflight).
+        info.free_names = sorted(self.undeclared | self.volatile)
         return info
 
-    def cold_load(self, ckpt: Checkpoint) -> None:
-        self._end_mode_caches()
-        self._mode_caches = contextlib.ExitStack()
-        self._mode_caches.enter_context(caches_emptied(self.module_caches))
-        self.live = self.cold_loaded(ckpt)
-
-    def _end_mode_caches(self) -> None:
-        if self._mode_caches is not None:
-            self._mode_caches.close()
-            self._mode_caches = None
-
-    def reload(self, mode: Any, ckpt: Checkpoint) -> None:
-        assert self.live is not None
-        self.load_and_process(self.live, ckpt)
-        gc.collect()  # storages kept only by reference cycles are freed before the census
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        assert self.live is not None
-        return self.run_forward(self.live, x)
-
-    def named_tensors(self) -> list[Any]:
-        assert self.live is not None
-        out = []
-        for nt in named_tensors(self.live):
-            declared = nt.tensor.numel() > 0 and nt.name not in self.undeclared
-            out.append(_C.NamedTensor(nt.name, nt.tensor, declared))
-        return out
-
-    # What the protocol's steps (ReloadSteps) ask of the layer.
-    def sleep_and_wake(self, level: int) -> bool:
-        if self.own_sleep is None:
-            return False
-        assert self.live is not None
-        with torch.no_grad():
-            self.own_sleep(self.live)
-        return True
-
-    def parameters(self) -> list[torch.Tensor]:
-        """The registered parameters, a tensor subclass as its inner
-        tensors (what holds the bytes): what a layerwise reload re-creates."""
-        assert self.live is not None
-        return [leaf for p in self.live.parameters() for leaf in _leaves(p)]
-
-    def buffers(self) -> list[torch.Tensor]:
-        """The registered buffers, non-persistent ones included, as
-        ``parameters``: what a wake restores from its host copy."""
-        assert self.live is not None
-        return [leaf for _, b in self.live.named_buffers() for leaf in _leaves(b)]
+    def new_layer(self) -> LayerHandle:
+        return LayerHandle(self, self.build_layer())
 
     def cache_tensors(self) -> list[Any]:
         return [_C.NamedTensor(n, t, False) for n, t in cache_tensors(self.module_caches)]
 
-    def named_numbers(self) -> list[Any]:
-        assert self.live is not None
-        return self._numbers(self.live)
+    def empty_caches(self) -> None:
+        stack = contextlib.ExitStack()
+        stack.enter_context(caches_emptied(self.module_caches))
+        self._emptied.append(stack)
 
-    def _numbers(self, layer: torch.nn.Module) -> list[Any]:
+    def restore_caches(self) -> None:
+        self._emptied.pop().close()
+        if not self._emptied:
+            # The end of a mode, whose layers the protocol has let go of:
+            # storages that only reference cycles keep are freed before the
+            # next mode's census.
+            gc.collect()
+
+    def numbers(self, layer: torch.nn.Module) -> list[Any]:
         """The host numbers ``layer`` reaches, but those of objects every
-        layer of the factory shares, those no load decides (Note [Numbers
-        that no load decides] in preflight.py) and ``undeclared`` names."""
+        layer of the factory shares (the protocol leaves out
+        ``SubjectInfo.free_names``)."""
         return [
             _C.NamedNumber(n, float(v), isinstance(v, int))
             for n, v in named_numbers(layer)
-            if n not in self.undeclared and n not in self.volatile and not _under(n, self.shared)
+            if not _under(n, self.shared)
         ]
 
-    def has_cold_state(self) -> bool:
-        return True
-
-    def cold_state(self, ckpt: Checkpoint, loads: int, forward_input: torch.Tensor | None) -> Any:
-        """A new layer that loads and post-processes ``ckpt`` ``loads``
-        times (in eval mode after the first, as a cold load leaves it), then
-        runs its forward on ``forward_input`` if given, with the module
-        caches emptied for it and put back after: its tensors (its caches'
-        included) and host numbers, ``undeclared`` names left out."""
-        with caches_emptied(self.module_caches) as caches:
-            layer = self.new_layer()
-            for i in range(loads):
-                self.load_and_process(layer, ckpt)
-                if i == 0:
-                    layer.eval()
-            if forward_input is not None:
-                self.run_forward(layer, forward_input)
-        tensors = [_C.NamedTensor(nt.name, nt.tensor, True) for nt in named_tensors(layer)
-                   if nt.name not in self.undeclared]
-        tensors += [_C.NamedTensor(n, t, True) for n, t in cache_tensors(caches)]
-        return _C.LayerState(tensors, self._numbers(layer))
-
-    def named_objects(self) -> list[Any]:
-        assert self.live is not None
-        return [_C.NamedObject(no.name, no.obj) for no in named_objects(self.live)]
-
-    def release(self) -> None:
-        self.live = None
-        self._end_mode_caches()
-        gc.collect()
-
     # The steps, on any layer of this subject.
-    def new_layer(self) -> torch.nn.Module:
+    def build_layer(self) -> torch.nn.Module:
         """A new layer on the check's device, not loaded."""
         layer = self.factory()
         if not isinstance(layer, torch.nn.Module):
@@ -267,25 +202,6 @@ class LayerSubject(_C.ReloadSubject):
             # one still on meta after loading is an error (_check_no_meta).
             return layer._apply(lambda t: t if t.is_meta else t.to(self.device))
         return layer.to(self.device)
-
-    def cold_forward(self, ckpt: Checkpoint, x: torch.Tensor) -> torch.Tensor:
-        """The forward on ``x`` of a cold load of ``ckpt`` into a new layer,
-        made with the module caches emptied for it and put back after, so a
-        corrupted cache cannot corrupt the reference too."""
-        with caches_emptied(self.module_caches):
-            layer = self.cold_loaded(ckpt)
-        return self.run_forward(layer, x)
-
-    def cold_loaded(self, ckpt: Checkpoint) -> torch.nn.Module:
-        """A new layer with ``ckpt`` loaded and post-processed, then put in
-        eval mode, as an engine's loader leaves a model: a library may take
-        another path in inference (bitsandbytes' Linear4bit repacks its
-        weight in its first eval forward on CPUs with AVX512-BF16), and a
-        training-mode forward (dropout) is not repeatable. A reload does not
-        call ``eval()`` again, as an engine's reload does not."""
-        layer = self.new_layer()
-        self.load_and_process(layer, ckpt)
-        return layer.eval()
 
     def draw_checkpoint(self, seed: int) -> Checkpoint:
         if self.user_checkpoint is None:
@@ -308,19 +224,27 @@ class LayerSubject(_C.ReloadSubject):
                     )
         return ckpt
 
-    def load_and_process(self, layer: torch.nn.Module, ckpt: Checkpoint, check_meta: bool = True) -> None:
-        """Load ``ckpt`` into ``layer`` and post-process it. Without
-        ``check_meta`` (the device-clean probe, where a tensor on meta is one
-        made without a device, named by the probe) a tensor left on meta is
-        not an error here."""
+    def load(self, layer: torch.nn.Module, ckpt: Checkpoint) -> None:
+        """Load ``ckpt`` into ``layer`` through the loaders."""
         with torch.no_grad():
             self.load_fn(layer, ckpt)
+
+    def process(self, layer: torch.nn.Module, check_meta: bool = True) -> None:
+        """Post-process ``layer``. Without ``check_meta`` (the device-clean
+        probe, where a tensor on meta is one made without a device, named by
+        the probe) a tensor left on meta is not an error here."""
+        with torch.no_grad():
             if self.process_fn is not None:
                 self.process_fn(layer)
             else:
                 process_weights_after_loading(layer)
-            if check_meta:
-                self._check_no_meta(layer)
+        if check_meta:
+            self._check_no_meta(layer)
+
+    def load_and_process(self, layer: torch.nn.Module, ckpt: Checkpoint, check_meta: bool = True) -> None:
+        """``load`` then ``process``, as one load of the protocol does."""
+        self.load(layer, ckpt)
+        self.process(layer, check_meta)
 
     def _check_no_meta(self, layer: torch.nn.Module) -> None:
         """After load and post-processing no non-empty parameter or buffer is
@@ -342,7 +266,7 @@ class LayerSubject(_C.ReloadSubject):
         load itself fails (the failure is reported already)."""
         if self._layout_notes is None:
             try:
-                layer = self.new_layer()
+                layer = self.build_layer()
                 with torch.no_grad():
                     self.load_fn(layer, self.first_checkpoint)
                 self._layout_notes = layout_notes(layer, self.first_checkpoint)
@@ -367,6 +291,66 @@ class LayerSubject(_C.ReloadSubject):
                 f"check_reload: example_input must be a tensor or a function seed -> tensor, got {type(x).__name__}"
             )
         return x.to(self.device)
+
+
+class LayerHandle(_C.SubjectLayer):
+    """One layer of a LayerSubject, as the protocol holds it
+    (conformance/harness/subject.h): its load, post-processing and forward,
+    and what it holds by name. After its first post-processing the layer is
+    put in eval mode, as an engine's loader leaves a model: a library may
+    take another path in inference (bitsandbytes' Linear4bit repacks its
+    weight in its first eval forward on CPUs with AVX512-BF16), and a
+    training-mode forward (dropout) is not repeatable; a reload does not call
+    ``eval()`` again, as an engine's reload does not."""
+
+    def __init__(self, subject: LayerSubject, module: torch.nn.Module) -> None:
+        _C.SubjectLayer.__init__(self)
+        self.subject = subject
+        self.module = module
+        self.loads = 0
+
+    def load(self, ckpt: Checkpoint) -> None:
+        self.subject.load(self.module, ckpt)
+
+    def process(self) -> None:
+        self.subject.process(self.module)
+        self.loads += 1
+        if self.loads == 1:
+            self.module.eval()
+        else:
+            gc.collect()  # storages a reload left only to reference cycles are freed before the census
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.subject.run_forward(self.module, x)
+
+    def named_tensors(self) -> list[Any]:
+        undeclared = self.subject.undeclared
+        return [_C.NamedTensor(nt.name, nt.tensor, nt.tensor.numel() > 0 and nt.name not in undeclared)
+                for nt in named_tensors(self.module)]
+
+    def named_objects(self) -> list[Any]:
+        return [_C.NamedObject(no.name, no.obj) for no in named_objects(self.module)]
+
+    def named_numbers(self) -> list[Any]:
+        return self.subject.numbers(self.module)
+
+    def parameters(self) -> list[torch.Tensor]:
+        """The registered parameters, a tensor subclass as its inner
+        tensors (what holds the bytes): what a layerwise reload re-creates."""
+        return [leaf for p in self.module.parameters() for leaf in _leaves(p)]
+
+    def buffers(self) -> list[torch.Tensor]:
+        """The registered buffers, non-persistent ones included, as
+        ``parameters``: what a wake restores from its host copy."""
+        return [leaf for _, b in self.module.named_buffers() for leaf in _leaves(b)]
+
+    def sleep_and_wake(self, level: int) -> bool:
+        own = self.subject.own_sleep
+        if own is None:
+            return False
+        with torch.no_grad():
+            own(self.module)
+        return True
 
 
 def _under(name: str, prefixes: Sequence[str]) -> bool:

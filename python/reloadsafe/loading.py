@@ -8,6 +8,7 @@ from typing import Callable
 
 import torch
 
+from ._loader import _C
 from .errors import ReloadCheckError
 from .reference import storage_view
 
@@ -64,85 +65,42 @@ def describe(t: torch.Tensor) -> str:
 def draw_checkpoint(layouts: Layouts, seed: int) -> Checkpoint:
     """A checkpoint with the given layouts and values drawn from ``seed``:
     the same names and layouts for every seed, different values (floats from
-    a normal distribution, integers over a small range, booleans). The same
-    checkpoints as ``CheckpointDrawer(layouts)(seed)``, which ``check_reload``
-    uses to draw many of them cheaply."""
+    a normal distribution, integers from [-128, 127] clipped to the dtype's
+    range, booleans). The same checkpoints as
+    ``CheckpointDrawer(layouts)(seed)``, which ``check_reload`` uses to draw
+    many of them cheaply, and as a C++ subject of the same layouts draws."""
     return CheckpointDrawer(layouts)(seed)
-
-
-# Dtypes whose CPU multiplication by a Python float stays in the dtype.
-_SCALABLE = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
-# Extra pool elements: a window of the pool starts at one of this many offsets.
-_WINDOWS = 1031
-
-
-def _mix(seed: int) -> int:
-    """64 well-mixed bits of ``seed`` (SplitMix64's finaliser)."""
-    z = (int(seed) + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-    return z ^ (z >> 31)
 
 
 class CheckpointDrawer:
     """Checkpoints of fixed layouts, each seed's values different, at the
-    cost of a copy rather than a fresh random draw.
+    cost of a copy rather than a fresh random draw: the protocol's one
+    generator (Note [Checkpoints from a pool] in
+    conformance/harness/checkpoint_pools.h), which C++ subjects draw with
+    too, so the same layouts and seed give the same checkpoint in both.
 
-    Each tensor has a pool of random values (floats from a normal
-    distribution, integers over a small range, booleans), drawn once; the
-    checkpoint of a seed holds, for each tensor, a window of its pool at an
-    offset derived from the seed and, for floating and complex dtypes,
-    multiplied by a scale in [0.5, 2) derived from the seed. So from one seed
-    to another every element changes, and not all by one factor (a
-    checkpoint that were a multiple of another would quantize to the same
-    bytes, and a stale quantized weight would go unseen). Every call returns
-    new tensors, none sharing memory with the pool or another checkpoint."""
+    Each tensor has a pool of random values (floating and complex values
+    from a normal distribution, integers from [-128, 127] clipped to the
+    dtype's range, booleans), drawn once; the checkpoint of a seed holds,
+    for each tensor, a window of its pool at an offset derived from the seed
+    and, for floating and complex dtypes, multiplied by a scale in [0.5, 2)
+    derived from the seed. So from one seed to another every element
+    changes, and not all by one factor (a checkpoint that were a multiple of
+    another would quantize to the same bytes, and a stale quantized weight
+    would go unseen). Every call returns new tensors, none sharing memory
+    with the pool or another checkpoint, in the order of ``layouts``."""
 
     def __init__(self, layouts: Layouts) -> None:
         self.layouts = dict(layouts)
-        self._pools: dict[str, torch.Tensor] = {}
-
-    def _pool(self, index: int, name: str) -> torch.Tensor:
-        pool = self._pools.get(name)
-        if pool is None:
-            shape, dtype = self.layouts[name]
-            numel = 1
-            for d in shape:
-                numel *= d
-            gen = torch.Generator().manual_seed(_mix(index) & 0x7FFFFFFFFFFFFFFF)
-            size = (numel + _WINDOWS,)
-            if dtype.is_floating_point:
-                pool = torch.randn(size, generator=gen, dtype=torch.float32)
-                if dtype in _SCALABLE:
-                    pool = pool.to(dtype)
-            elif dtype == torch.bool:
-                pool = torch.randint(0, 2, size, generator=gen).bool()
-            elif dtype.is_complex:
-                pool = torch.randn(size, generator=gen, dtype=dtype)
-            else:
-                info = torch.iinfo(dtype)
-                pool = torch.randint(max(info.min, -128), min(info.max, 127) + 1, size, generator=gen,
-                                     dtype=torch.int64).to(dtype)
-            self._pools[name] = pool
-        return pool
+        self._pools: dict[str, torch.Tensor] | None = None
 
     def __call__(self, seed: int) -> Checkpoint:
-        h = _mix(seed)
-        offset = h % _WINDOWS
-        scale = 0.5 + 1.5 * ((h >> 32) / 2.0**32)
-        ckpt: Checkpoint = {}
-        for index, (name, (shape, dtype)) in enumerate(self.layouts.items()):
-            pool = self._pool(index, name)
-            numel = pool.numel() - _WINDOWS
-            window = pool[offset:offset + numel].view(shape)
-            if dtype.is_floating_point or dtype.is_complex:
-                t = window * scale
-                if t.dtype != dtype:
-                    t = t.to(dtype)
-            else:
-                t = window.clone()
-            ckpt[name] = t
-        return ckpt
+        if self._pools is None:
+            self._pools = _C.checkpoint_pools(
+                {name: torch.empty(shape, dtype=dtype, device="meta") for name, (shape, dtype) in self.layouts.items()}
+            )
+        ckpt = _C.draw_from_pools(self._pools, seed)
+        return {name: ckpt[name] for name in self.layouts}
 
 
 def check_drawable(name: str, probe: torch.nn.Module) -> None:

@@ -33,16 +33,16 @@ def preflight(subject: LayerSubject, device_clean: bool = False, numbers: bool =
     layer = None
     step = "building the layer"
     try:
-        layer = subject.new_layer()
+        layer = subject.build_layer()
         step = "load or post-processing of a cold load"
         subject.load_and_process(layer, subject.first_checkpoint)
-        layer.eval()  # as cold_loaded leaves it
+        layer.eval()  # as LayerHandle leaves it after its first load
         step = "forward"
         out = subject.run_forward(layer, x)
         step = "drawing checkpoint 1"
         second = subject.draw_checkpoint(1)
         step = "load or post-processing of a cold load of checkpoint 1"
-        other = subject.new_layer()
+        other = subject.build_layer()
         subject.load_and_process(other, second)
         other.eval()
         step = "forward of the cold load of checkpoint 1"
@@ -51,13 +51,13 @@ def preflight(subject: LayerSubject, device_clean: bool = False, numbers: bool =
         del other
         if numbers:
             step = "a second cold load of checkpoint 0"
-            twin = subject.new_layer()
+            twin = subject.build_layer()
             subject.load_and_process(twin, subject.first_checkpoint)
             subject.volatile = _volatile_numbers(layer, twin)
             del twin
         if device_clean:
             del layer
-            layer = subject.new_layer()
+            layer = subject.build_layer()
             device_clean_probe(subject, layer, x)
     except ReloadCheckError:
         raise

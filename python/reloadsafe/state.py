@@ -42,11 +42,24 @@ class StateDifference:
     after: str
 
 
+class _Held(_C.SubjectLayer):
+    """A module as the protocol names what a layer holds (the walk's names),
+    for ``_C.layer_state``: the one place a layer's state is assembled."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        _C.SubjectLayer.__init__(self)
+        self.module = module
+
+    def named_tensors(self) -> list[Any]:
+        return [_C.NamedTensor(n.name, n.tensor, True) for n in named_tensors(self.module)]
+
+    def named_numbers(self) -> list[Any]:
+        return [_C.NamedNumber(n, float(v), isinstance(v, int)) for n, v in named_numbers(self.module)]
+
+
 def _state(module: torch.nn.Module, skip: set[str], extra: Sequence[tuple[str, torch.Tensor]]) -> Any:
-    tensors = [_C.NamedTensor(n.name, n.tensor, True) for n in named_tensors(module) if n.name not in skip]
-    tensors += [_C.NamedTensor(n, t, True) for n, t in extra if n not in skip]
-    numbers = [_C.NamedNumber(n, float(v), isinstance(v, int)) for n, v in named_numbers(module) if n not in skip]
-    return _C.LayerState(tensors, numbers)
+    caches = [_C.NamedTensor(n, t, True) for n, t in extra]
+    return _C.layer_state(_Held(module), caches, sorted(skip))
 
 
 def state_differences(

@@ -1,6 +1,7 @@
 // bind_protocol.cc: the reload protocol (conformance/harness/protocol.h) for
 // reloadsafe/check.py. A Python class derived from _C.ReloadSubject is the
-// protocol's subject through the trampoline below; run_subject drives it with
+// protocol's subject, and one derived from _C.SubjectLayer a layer it
+// builds, through the trampolines below; run_subject drives it with
 // the GIL held (the subject's methods are Python), and the report, its JSON
 // and its table come from the same C++ code as the C++ harness's.
 
@@ -8,7 +9,9 @@
 
 #include "python/src/bindings.h"
 
+#include "conformance/harness/checkpoint_pools.h"
 #include "conformance/harness/device_graph.h"
+#include "conformance/harness/layer_life.h"
 #include "conformance/harness/layer_state.h"
 #include "conformance/harness/protocol.h"
 #include "conformance/harness/reload_steps.h"
@@ -22,6 +25,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -43,12 +47,45 @@ using harness::ReloadSubject;
 using harness::RunOptions;
 using harness::StateDifference;
 using harness::SubjectInfo;
+using harness::SubjectLayer;
 using harness::Violation;
 using harness::Warning;
 
-// Every virtual of ReloadSubject, forwarded to the Python override. A Python
-// exception in an override reaches the protocol as a C++ exception, which the
-// protocol reports as that mode's error.
+// Every virtual of ReloadSubject and SubjectLayer, forwarded to the Python
+// override. A Python exception in an override reaches the protocol as a C++
+// exception, which the protocol reports as that mode's error (or, from a
+// reload, as the violation "reload").
+class PySubjectLayer : public SubjectLayer {
+ public:
+  using SubjectLayer::SubjectLayer;
+
+  void load(const Checkpoint& ckpt) override {
+    PYBIND11_OVERRIDE_PURE(void, SubjectLayer, load, ckpt);
+  }
+  void process() override { PYBIND11_OVERRIDE_PURE(void, SubjectLayer, process); }
+  at::Tensor forward(const at::Tensor& x) override {
+    PYBIND11_OVERRIDE_PURE(at::Tensor, SubjectLayer, forward, x);
+  }
+  std::vector<NamedTensor> named_tensors() override {
+    PYBIND11_OVERRIDE_PURE(std::vector<NamedTensor>, SubjectLayer, named_tensors);
+  }
+  std::vector<NamedObject> named_objects() override {
+    PYBIND11_OVERRIDE(std::vector<NamedObject>, SubjectLayer, named_objects);
+  }
+  std::vector<NamedNumber> named_numbers() override {
+    PYBIND11_OVERRIDE(std::vector<NamedNumber>, SubjectLayer, named_numbers);
+  }
+  std::vector<at::Tensor> parameters() override {
+    PYBIND11_OVERRIDE(std::vector<at::Tensor>, SubjectLayer, parameters);
+  }
+  std::vector<at::Tensor> buffers() override {
+    PYBIND11_OVERRIDE(std::vector<at::Tensor>, SubjectLayer, buffers);
+  }
+  bool sleep_and_wake(int level) override {
+    PYBIND11_OVERRIDE(bool, SubjectLayer, sleep_and_wake, level);
+  }
+};
+
 class PySubject : public ReloadSubject {
  public:
   using ReloadSubject::ReloadSubject;
@@ -60,45 +97,30 @@ class PySubject : public ReloadSubject {
   at::Tensor draw_input(uint64_t seed) override {
     PYBIND11_OVERRIDE_PURE(at::Tensor, ReloadSubject, draw_input, seed);
   }
-  void cold_load(const Checkpoint& ckpt) override {
-    PYBIND11_OVERRIDE_PURE(void, ReloadSubject, cold_load, ckpt);
-  }
-  void reload(ReloadMode mode, const Checkpoint& ckpt) override {
-    PYBIND11_OVERRIDE_PURE(void, ReloadSubject, reload, mode, ckpt);
-  }
-  at::Tensor forward(const at::Tensor& x) override {
-    PYBIND11_OVERRIDE_PURE(at::Tensor, ReloadSubject, forward, x);
-  }
-  at::Tensor cold_forward(const Checkpoint& ckpt, const at::Tensor& x) override {
-    PYBIND11_OVERRIDE_PURE(at::Tensor, ReloadSubject, cold_forward, ckpt, x);
-  }
-  std::vector<NamedTensor> named_tensors() override {
-    PYBIND11_OVERRIDE_PURE(std::vector<NamedTensor>, ReloadSubject, named_tensors);
-  }
-  std::vector<NamedObject> named_objects() override {
-    PYBIND11_OVERRIDE(std::vector<NamedObject>, ReloadSubject, named_objects);
-  }
-  void release() override { PYBIND11_OVERRIDE(void, ReloadSubject, release); }
-  bool sleep_and_wake(int level) override {
-    PYBIND11_OVERRIDE(bool, ReloadSubject, sleep_and_wake, level);
-  }
-  std::vector<at::Tensor> parameters() override {
-    PYBIND11_OVERRIDE(std::vector<at::Tensor>, ReloadSubject, parameters);
-  }
-  std::vector<at::Tensor> buffers() override {
-    PYBIND11_OVERRIDE(std::vector<at::Tensor>, ReloadSubject, buffers);
+  // The Python layer object is held with the C++ pointer: the trampoline's
+  // overrides find their Python methods through it, so it must live as
+  // long as the protocol holds the layer (dropped under the GIL).
+  std::shared_ptr<SubjectLayer> new_layer() override {
+    py::gil_scoped_acquire gil;
+    const py::function override =
+        py::get_override(static_cast<const ReloadSubject*>(this), "new_layer");
+    TORCH_CHECK(override, "the subject does not define new_layer()");
+    py::object layer = override();
+    TORCH_CHECK(py::isinstance<SubjectLayer>(layer),
+                "the subject's new_layer() must return a reloadsafe._C.SubjectLayer, got ",
+                std::string(py::str(py::type::of(layer).attr("__name__"))));
+    auto* raw = layer.cast<SubjectLayer*>();
+    std::shared_ptr<py::object> held(new py::object(std::move(layer)), [](py::object* o) {
+      py::gil_scoped_acquire gil;
+      delete o;
+    });
+    return std::shared_ptr<SubjectLayer>(held, raw);
   }
   std::vector<NamedTensor> cache_tensors() override {
     PYBIND11_OVERRIDE(std::vector<NamedTensor>, ReloadSubject, cache_tensors);
   }
-  std::vector<NamedNumber> named_numbers() override {
-    PYBIND11_OVERRIDE(std::vector<NamedNumber>, ReloadSubject, named_numbers);
-  }
-  bool has_cold_state() const override { PYBIND11_OVERRIDE(bool, ReloadSubject, has_cold_state); }
-  LayerState cold_state(const Checkpoint& ckpt, int loads,
-                        const at::Tensor& forward_input) override {
-    PYBIND11_OVERRIDE(LayerState, ReloadSubject, cold_state, ckpt, loads, forward_input);
-  }
+  void empty_caches() override { PYBIND11_OVERRIDE(void, ReloadSubject, empty_caches); }
+  void restore_caches() override { PYBIND11_OVERRIDE(void, ReloadSubject, restore_caches); }
 };
 
 // The identity the read trace gives a TorchBind object (its ivalue::Object).
@@ -243,10 +265,15 @@ void bind_protocol(py::module_& m) {
       .def(py::init([](std::string name, std::string description, std::vector<ReloadMode> modes,
                        bool negative_control, std::string expected_violation,
                        int64_t memory_tolerance_bytes, ReloadSteps steps) {
-             return SubjectInfo{
-                 std::move(name),  std::move(description),        std::move(modes),
-                 negative_control, std::move(expected_violation), memory_tolerance_bytes,
-                 std::move(steps)};
+             SubjectInfo info;
+             info.name = std::move(name);
+             info.description = std::move(description);
+             info.modes = std::move(modes);
+             info.negative_control = negative_control;
+             info.expected_violation = std::move(expected_violation);
+             info.memory_tolerance_bytes = memory_tolerance_bytes;
+             info.steps = std::move(steps);
+             return info;
            }),
            py::arg("name"), py::arg("description") = "",
            py::arg("modes") = std::vector<ReloadMode>{ReloadMode::kNormal, ReloadMode::kDirect},
@@ -259,21 +286,42 @@ void bind_protocol(py::module_& m) {
       .def_readonly("expected_violation", &SubjectInfo::expected_violation)
       .def_readonly("memory_tolerance_bytes", &SubjectInfo::memory_tolerance_bytes)
       .def_readonly("steps", &SubjectInfo::steps)
-      .def_readwrite("warm_up_under_trace", &SubjectInfo::warm_up_under_trace);
+      .def_readwrite("warm_up_under_trace", &SubjectInfo::warm_up_under_trace)
+      .def_readwrite("free_names", &SubjectInfo::free_names);
+
+  py::class_<SubjectLayer, PySubjectLayer>(m, "SubjectLayer")
+      .def(py::init<>())
+      .def("named_objects", &SubjectLayer::named_objects)
+      .def("named_numbers", &SubjectLayer::named_numbers)
+      .def("parameters", &SubjectLayer::parameters)
+      .def("buffers", &SubjectLayer::buffers)
+      .def("sleep_and_wake", &SubjectLayer::sleep_and_wake, py::arg("level"));
 
   py::class_<ReloadSubject, PySubject>(m, "ReloadSubject")
       .def(py::init<>())
-      .def("release", &ReloadSubject::release)
-      .def("named_objects", &ReloadSubject::named_objects)
-      .def("sleep_and_wake", &ReloadSubject::sleep_and_wake, py::arg("level"))
-      .def("parameters", &ReloadSubject::parameters)
-      .def("buffers", &ReloadSubject::buffers)
       .def("cache_tensors", &ReloadSubject::cache_tensors)
-      .def("named_numbers", &ReloadSubject::named_numbers)
-      .def("has_cold_state", &ReloadSubject::has_cold_state)
-      .def("cold_state", &ReloadSubject::cold_state, py::arg("ckpt"), py::arg("loads"),
-           py::arg("forward_input"));
+      .def("empty_caches", &ReloadSubject::empty_caches)
+      .def("restore_caches", &ReloadSubject::restore_caches);
 
+  m.def(
+      "layer_state",
+      [](SubjectLayer& layer, std::vector<NamedTensor> caches,
+         std::vector<std::string> free_names) {
+        SubjectInfo info;
+        info.free_names = std::move(free_names);
+        return harness::layer_state(layer, std::move(caches), info);
+      },
+      py::arg("layer"), py::arg("caches"), py::arg("free_names"),
+      "What `layer` holds, as the protocol assembles a layer's state (layer_life.h): its named "
+      "tensors, then `caches`, then its host numbers, `free_names` left out.");
+
+  // The one checkpoint generator (checkpoint_pools.h), which the Python
+  // module's CheckpointDrawer draws with.
+  m.def("checkpoint_pools", &harness::checkpoint_pools, py::arg("layouts"),
+        "The pools of random values for `layouts` (name -> meta tensor with the checkpoint "
+        "layout), drawn from a fixed seed.");
+  m.def("draw_from_pools", &harness::draw_from_pools, py::arg("pools"), py::arg("seed"),
+        "The checkpoint of `seed` from `pools`: each a new tensor.");
   m.def("run_subject", &harness::run_subject, py::arg("subject"), py::arg("options"));
   m.def("cuda_unavailable_reason", &harness::cuda_unavailable_reason,
         "Empty when this extension can run the protocol on CUDA, else why not (built without "

@@ -86,6 +86,37 @@ def test_values_look_drawn_from_their_distribution():
     assert i.min().item() >= -128 and i.max().item() <= 127 and len(torch.unique(i)) > 200
 
 
+class _Mixed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(8, 16))
+        self.codes = torch.nn.Parameter(torch.zeros(40, dtype=torch.int8), requires_grad=False)
+        self.scale = torch.nn.Parameter(torch.zeros(8, dtype=torch.bfloat16))
+
+    def forward(self, x):
+        return x @ self.w
+
+
+@pytest.mark.parametrize("seed", [0, 1, reloadsafe._C.reload_seed(1, 3)])
+def test_a_python_subject_draws_what_the_cpp_generator_draws_for_the_same_seed(seed):
+    # The layer's subject, as check_reload builds it, against the C++
+    # functions a C++ subject (BackendSubject::draw_checkpoint) draws with,
+    # given the same layouts: one generator, not two that drift.
+    from reloadsafe.layer_subject import LayerSubject
+
+    subject = LayerSubject(_Mixed(), torch.zeros(2, 8), None, None, None, None, ("normal",),
+                           torch.device("cpu"), None, (), None, 0)
+    drawn = subject.draw_checkpoint(seed)
+    layouts = {"w": torch.empty(8, 16, device="meta"), "codes": torch.empty(40, dtype=torch.int8, device="meta"),
+               "scale": torch.empty(8, dtype=torch.bfloat16, device="meta")}
+    cpp = reloadsafe._C.draw_from_pools(reloadsafe._C.checkpoint_pools(layouts), seed)
+    assert list(drawn) == ["w", "codes", "scale"]  # the layer's order
+    assert sorted(drawn) == sorted(cpp)
+    for name, t in cpp.items():
+        assert drawn[name].dtype == t.dtype and torch.equal(drawn[name], t), name
+    assert drawn["codes"].min().item() < 0 < drawn["codes"].max().item()  # both signs, as int8 weights
+
+
 def test_empty_layouts():
     ckpt = CheckpointDrawer({"e": ((0, 4), torch.float32)})(3)
     assert tuple(ckpt["e"].shape) == (0, 4)

@@ -47,9 +47,14 @@ def test_a_correct_reload_of_a_whole_model_passes(case):
     assert report.ok and not report.errors, report.table()
     messages = _messages(report)
     if case.arch in MOE:
-        # The experts' loop follows the routing, which new weights change:
-        # the protocol says so once per mode, and it is no violation.
-        assert messages and all("ops follow the weights' values" in m for m in messages), report.table()
+        # The experts' loop follows the routing, which new weights may
+        # change: the protocol says so once per mode, and it is no violation.
+        # Whether they do depends on the checkpoints drawn: with the
+        # protocol's generator and seed, Mixtral's routing changes between
+        # reloads and Qwen2-MoE's does not, so the warning's path still runs
+        # on a real model.
+        assert all("ops follow the weights' values" in m for m in messages), report.table()
+        assert messages or case.arch != "mixtral", report.table()
     elif "inductor" in case.name:
         # Inductor's kernels run outside the dispatcher: no replay, said so.
         assert messages and all("not replayed" in m and "Inductor" in m for m in messages), report.table()

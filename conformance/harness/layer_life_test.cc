@@ -1,0 +1,186 @@
+// The rules of a layer's life (layer_life.h) on a hand-written subject: how
+// many loads a layer built aside gets, the module caches around it however
+// it ends, and what a layer's state holds.
+
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
+#include "conformance/harness/layer_life.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace reloadsafe::harness {
+namespace {
+
+// A cache the subject's layers share: post-processing puts its weight's
+// copy there.
+struct Cache {
+  std::vector<NamedTensor> entries;
+};
+
+class Subject;
+
+// y = x * w; post-processing adds 1 to `passes` and caches a copy of w.
+class Layer : public SubjectLayer {
+ public:
+  explicit Layer(Subject& s) : s_(s) {}
+  void load(const Checkpoint& ckpt) override;
+  void process() override;
+  at::Tensor forward(const at::Tensor& x) override {
+    ++forwards;
+    return x * w;
+  }
+  std::vector<NamedTensor> named_tensors() override {
+    return {{"w", w, true}, {"workspace", workspace, false}};
+  }
+  std::vector<NamedNumber> named_numbers() override {
+    return {{"passes", static_cast<double>(passes), true}, {"clock", 42.0, false}};
+  }
+
+  at::Tensor w = at::zeros({4});
+  at::Tensor workspace = at::zeros({2});
+  int loads = 0;
+  int passes = 0;
+  int forwards = 0;
+
+ private:
+  Subject& s_;
+};
+
+class Subject : public ReloadSubject {
+ public:
+  SubjectInfo info() const override { return SubjectInfo{}; }
+  Checkpoint draw_checkpoint(uint64_t seed) override {
+    return {{"w", at::full({4}, static_cast<double>(seed))}};
+  }
+  at::Tensor draw_input(uint64_t /*seed*/) override { return at::full({4}, 2.0); }
+  std::shared_ptr<SubjectLayer> new_layer() override {
+    auto layer = std::make_shared<Layer>(*this);
+    built.push_back(layer);
+    return layer;
+  }
+  std::vector<NamedTensor> cache_tensors() override { return cache.entries; }
+  void empty_caches() override {
+    stashed.push_back(cache);
+    cache = Cache{};
+  }
+  void restore_caches() override {
+    cache = stashed.back();
+    stashed.pop_back();
+  }
+
+  Cache cache;
+  std::vector<Cache> stashed;
+  std::vector<std::shared_ptr<Layer>> built;
+  bool fail_load = false;
+};
+
+void Layer::load(const Checkpoint& ckpt) {
+  if (s_.fail_load) throw std::runtime_error("load failed");
+  ++loads;
+  w.copy_(ckpt.at("w"));
+}
+
+void Layer::process() {
+  ++passes;
+  s_.cache.entries.push_back({"cache[w]", w.clone(), false});
+}
+
+TEST(LayerLife, AColdLoadIsLoadThenProcessAsManyTimesAsAsked) {
+  for (int loads : {1, 2, 3}) {
+    SCOPED_TRACE(loads);
+    Subject subject;
+    std::shared_ptr<SubjectLayer> layer = cold_loaded(subject, subject.draw_checkpoint(3), loads);
+    const Layer& built = *subject.built.at(0);
+    EXPECT_EQ(built.loads, loads);
+    EXPECT_EQ(built.passes, loads);
+    EXPECT_TRUE(at::equal(built.w, at::full({4}, 3.0)));
+  }
+}
+
+TEST(LayerLife, AsideTheCachesAreEmptiedAndPutBackHoweverTheStepEnds) {
+  Subject subject;
+  subject.cache.entries.push_back({"cache[live]", at::zeros({1}), false});
+  // The forward of a layer built aside, and its state, with what its own
+  // post-processing cached; the live entry is back after each.
+  const at::Tensor y = cold_forward(subject, subject.draw_checkpoint(5), subject.draw_input(0));
+  EXPECT_TRUE(at::equal(y, at::full({4}, 10.0)));
+  ASSERT_EQ(subject.cache.entries.size(), 1u);
+  EXPECT_EQ(subject.cache.entries[0].name, "cache[live]");
+
+  const LayerState state = cold_state(subject, SubjectInfo{}, subject.draw_checkpoint(5), 2, {});
+  std::vector<std::string> names;
+  for (const NamedTensor& t : state.tensors) names.push_back(t.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"w", "workspace", "cache[w]", "cache[w]"}))
+      << "the aside layer's own two passes, not the live entry";
+  EXPECT_EQ(subject.cache.entries.size(), 1u);
+  EXPECT_TRUE(subject.stashed.empty());
+
+  subject.fail_load = true;
+  EXPECT_THROW(cold_forward(subject, subject.draw_checkpoint(5), subject.draw_input(0)),
+               std::runtime_error);
+  ASSERT_EQ(subject.cache.entries.size(), 1u) << "restored while the error unwinds";
+  EXPECT_TRUE(subject.stashed.empty());
+}
+
+TEST(LayerLife, AStateLeavesOutTheNamesTheSubjectSaysAreFree) {
+  struct Row {
+    const char* name;
+    std::vector<std::string> free_names;
+    std::vector<std::string> tensors;
+    std::vector<std::string> numbers;
+  };
+  const Row rows[] = {
+      {"none free", {}, {"w", "workspace", "cache[w]"}, {"passes", "clock"}},
+      {"a tensor and a number", {"workspace", "clock"}, {"w", "cache[w]"}, {"passes"}},
+      {"a cache entry", {"cache[w]"}, {"w", "workspace"}, {"passes", "clock"}},
+  };
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.name);
+    Subject subject;
+    SubjectInfo info;
+    info.free_names = row.free_names;
+    std::shared_ptr<SubjectLayer> layer = cold_loaded(subject, subject.draw_checkpoint(1));
+    const LayerState state = layer_state(*layer, subject.cache_tensors(), info);
+    std::vector<std::string> tensors, numbers;
+    for (const NamedTensor& t : state.tensors) tensors.push_back(t.name);
+    for (const NamedNumber& n : state.numbers) numbers.push_back(n.name);
+    EXPECT_EQ(tensors, row.tensors);
+    EXPECT_EQ(numbers, row.numbers);
+    std::vector<std::string> checked;
+    for (const NamedNumber& n : checked_numbers(*layer, info)) checked.push_back(n.name);
+    EXPECT_EQ(checked, row.numbers);
+  }
+}
+
+TEST(LayerLife, CachesEmptiedNestAndRestoreOnce) {
+  Subject subject;
+  subject.cache.entries.push_back({"outer", at::zeros({1}), false});
+  {
+    CachesEmptied outer(subject);
+    subject.cache.entries.push_back({"mode", at::zeros({1}), false});
+    {
+      CachesEmptied inner(subject);
+      EXPECT_TRUE(subject.cache.entries.empty());
+      inner.restore();
+      ASSERT_EQ(subject.cache.entries.size(), 1u);
+      EXPECT_EQ(subject.cache.entries[0].name, "mode");
+    }  // restored already: the destructor does nothing
+    EXPECT_EQ(subject.stashed.size(), 1u);
+  }
+  ASSERT_EQ(subject.cache.entries.size(), 1u);
+  EXPECT_EQ(subject.cache.entries[0].name, "outer");
+  EXPECT_TRUE(subject.stashed.empty());
+}
+
+}  // namespace
+}  // namespace reloadsafe::harness
