@@ -2,8 +2,7 @@
 //
 //   bazel run //conformance/harness:reload_harness -- [--reloads N] [--device cpu|cuda[:I]]
 //       [--backend NAME] [--seed S] [--json PATH] [--no-trace] [--trace] [--build-info]
-//       [steps: --sleep 1|2 --recreate-parameters --host-numbers --compare-state
-//        --compare-forward-state --cold-footprint-tolerance BYTES --reload-peak-budget BYTES]
+//       [the steps' flags: run_flags.h, step_flags(); --help lists them]
 //
 // Prints a table for people and, with --json, writes the report for machines.
 // --trace prints what the forward of each selected backend reads (its
@@ -23,17 +22,15 @@
 
 namespace {
 
-constexpr const char* kUsage =
-    "usage: reload_harness [--reloads N] [--device cpu|cuda[:I]] [--backend NAME] [--seed S]\n"
-    "                      [--json PATH] [--no-trace] [--trace] [--build-info]\n"
-    "  steps around each reload (docs/harness-steps.md):\n"
-    "                      [--sleep 1|2] [--recreate-parameters] [--host-numbers]\n"
-    "                      [--compare-state] [--compare-forward-state]\n"
-    "                      [--cold-footprint-tolerance BYTES]\n"
-    "                      [--reload-peak-budget BYTES]\n";
+std::string usage() {
+  return "usage: reload_harness [--reloads N] [--device cpu|cuda[:I]] [--backend NAME] [--seed S]\n"
+         "                      [--json PATH] [--no-trace] [--trace] [--build-info]\n"
+         "  steps around each reload (docs/harness-steps.md):\n" +
+         reloadsafe::harness::steps_usage("                      ");
+}
 
 [[noreturn]] void bad_argument(const std::string& message) {
-  std::cerr << "reload_harness: " << message << "\n" << kUsage;
+  std::cerr << "reload_harness: " << message << "\n" << usage();
   std::exit(2);
 }
 
@@ -79,7 +76,7 @@ int main(int argc, char** argv) {
         std::cout << "reload_harness: " << cuda_build_info() << "\n";
         return 0;
       } else if (arg == "--help" || arg == "-h") {
-        std::cout << kUsage;
+        std::cout << usage();
         return 0;
       } else {
         throw BadFlag("unknown argument " + arg);

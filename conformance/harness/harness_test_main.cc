@@ -13,9 +13,7 @@
 // Bazel asks for it (GTEST_OUTPUT).
 //
 //   harness_test [--reloads N] [--device cpu|cuda[:I]] [--seed S] [--no-trace]
-//       [--sleep 1|2] [--recreate-parameters] [--host-numbers] [--compare-state]
-//       [--compare-forward-state]
-//       [--cold-footprint-tolerance BYTES] [--reload-peak-budget BYTES] [gtest flags]
+//       [the steps' flags: run_flags.h, step_flags()] [gtest flags]
 //
 // Exit status: 0 when every test passed, 1 when one failed or no backend was
 // linked, 2 on bad arguments.
@@ -37,15 +35,13 @@
 namespace reloadsafe::harness {
 namespace {
 
-constexpr const char* kUsage =
-    "usage: harness_test [--reloads N] [--device cpu|cuda[:I]] [--seed S] [--no-trace]\n"
-    "                    [--sleep 1|2] [--recreate-parameters] [--host-numbers] [--compare-state]\n"
-    "                    [--compare-forward-state]\n"
-    "                    [--cold-footprint-tolerance BYTES] [--reload-peak-budget BYTES]\n"
-    "                    [gtest flags]\n";
+std::string usage() {
+  return "usage: harness_test [--reloads N] [--device cpu|cuda[:I]] [--seed S] [--no-trace]\n" +
+         steps_usage("                    ") + "                    [gtest flags]\n";
+}
 
 [[noreturn]] void bad_argument(const std::string& message) {
-  std::cerr << "harness_test: " << message << "\n" << kUsage;
+  std::cerr << "harness_test: " << message << "\n" << usage();
   std::exit(2);
 }
 

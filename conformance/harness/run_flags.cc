@@ -36,6 +36,63 @@ std::string flag_value(int argc, char** argv, int& i) {
   return argv[++i];
 }
 
+const std::vector<StepFlag>& step_flags() {
+  // Each step's flag, what it takes and how it is set: the one place a step
+  // meets the command line (run_options.h says what each step does).
+  static const std::vector<StepFlag> table = {
+      {"--sleep", "1|2",
+       [](ReloadSteps& steps, const std::string& flag, const std::string& value) {
+         const int level = parse_number<int>(flag, value, 1);
+         if (level > kMaxSleepLevel) {
+           throw BadFlag(flag + " takes 1 to " + std::to_string(kMaxSleepLevel) + ", not " +
+                         std::to_string(level));
+         }
+         steps.sleep_level = level;
+       }},
+      {"--recreate-parameters", "",
+       [](ReloadSteps& steps, const std::string&, const std::string&) {
+         steps.recreate_parameters = true;
+       }},
+      {"--host-numbers", "",
+       [](ReloadSteps& steps, const std::string&, const std::string&) {
+         steps.host_numbers = true;
+       }},
+      {"--compare-state", "",
+       [](ReloadSteps& steps, const std::string&, const std::string&) {
+         steps.compare_state = true;
+       }},
+      {"--compare-forward-state", "",
+       [](ReloadSteps& steps, const std::string&, const std::string&) {
+         steps.compare_forward_state = true;
+       }},
+      {"--cold-footprint-tolerance", "BYTES",
+       [](ReloadSteps& steps, const std::string& flag, const std::string& value) {
+         steps.cold_footprint_tolerance_bytes = parse_number<int64_t>(flag, value, 0);
+       }},
+      {"--reload-peak-budget", "BYTES",
+       [](ReloadSteps& steps, const std::string& flag, const std::string& value) {
+         steps.reload_peak_budget_bytes = parse_number<int64_t>(flag, value, 0);
+       }},
+  };
+  return table;
+}
+
+std::string steps_usage(const std::string& indent, size_t width) {
+  std::string out, line = indent;
+  for (const StepFlag& step : step_flags()) {
+    std::string item = std::string("[") + step.flag;
+    if (*step.value != '\0') item += std::string(" ") + step.value;
+    item += "]";
+    if (line.size() > indent.size() && line.size() + 1 + item.size() > width) {
+      out += line + "\n";
+      line = indent;
+    }
+    if (line.size() > indent.size()) line += " ";
+    line += item;
+  }
+  return out + line + "\n";
+}
+
 bool parse_run_flag(int argc, char** argv, int& i, RunOptions& options) {
   const std::string arg = argv[i];
   if (arg == "--reloads") {
@@ -46,28 +103,13 @@ bool parse_run_flag(int argc, char** argv, int& i, RunOptions& options) {
     options.seed = parse_number<uint64_t>(arg, flag_value(argc, argv, i), 0);
   } else if (arg == "--no-trace") {
     options.trace = false;
-  } else if (arg == "--sleep") {
-    const int level = parse_number<int>(arg, flag_value(argc, argv, i), 1);
-    if (level > kMaxSleepLevel) {
-      throw BadFlag("--sleep takes 1 to " + std::to_string(kMaxSleepLevel) + ", not " +
-                    std::to_string(level));
-    }
-    options.steps.sleep_level = level;
-  } else if (arg == "--recreate-parameters") {
-    options.steps.recreate_parameters = true;
-  } else if (arg == "--host-numbers") {
-    options.steps.host_numbers = true;
-  } else if (arg == "--compare-state") {
-    options.steps.compare_state = true;
-  } else if (arg == "--compare-forward-state") {
-    options.steps.compare_forward_state = true;
-  } else if (arg == "--cold-footprint-tolerance") {
-    options.steps.cold_footprint_tolerance_bytes =
-        parse_number<int64_t>(arg, flag_value(argc, argv, i), 0);
-  } else if (arg == "--reload-peak-budget") {
-    options.steps.reload_peak_budget_bytes =
-        parse_number<int64_t>(arg, flag_value(argc, argv, i), 0);
   } else {
+    for (const StepFlag& step : step_flags()) {
+      if (arg != step.flag) continue;
+      const std::string value = *step.value != '\0' ? flag_value(argc, argv, i) : "";
+      step.set(options.steps, arg, value);
+      return true;
+    }
     return false;
   }
   return true;

@@ -59,6 +59,38 @@ TEST(RunFlags, TakesACudaDeviceWithoutNeedingOne) {
   EXPECT_EQ(options.device.index(), 1);
 }
 
+// The usage the binaries print names every step's flag, each once, with
+// what it takes, in lines no wider than asked.
+TEST(RunFlags, TheUsageOfTheStepsComesFromTheTable) {
+  const std::string usage = steps_usage("    ", 60);
+  for (const StepFlag& step : step_flags()) {
+    std::string item = std::string("[") + step.flag;
+    if (*step.value != '\0') item += std::string(" ") + step.value;
+    item += "]";
+    const size_t at = usage.find(item);
+    ASSERT_NE(at, std::string::npos) << item << "\n" << usage;
+    EXPECT_EQ(usage.find(item, at + 1), std::string::npos) << item;
+  }
+  size_t start = 0;
+  for (size_t end = usage.find('\n'); end != std::string::npos; end = usage.find('\n', start)) {
+    const std::string line = usage.substr(start, end - start);
+    EXPECT_LE(line.size(), 60u) << line;
+    EXPECT_EQ(line.rfind("    [", 0), 0u) << line;
+    start = end + 1;
+  }
+  EXPECT_EQ(start, usage.size()) << "ends with a newline";
+  // Every flag of the table is taken, and a switch takes no value.
+  for (const StepFlag& step : step_flags()) {
+    SCOPED_TRACE(step.flag);
+    RunOptions options;
+    std::vector<std::string> args = {step.flag};
+    if (*step.value != '\0') args.push_back(std::string(step.value) == "1|2" ? "1" : "0");
+    args.push_back("--next");
+    EXPECT_EQ(parse(args, options), (std::vector<std::string>{"--next"}));
+    EXPECT_TRUE(options.steps.any());
+  }
+}
+
 struct BadCase {
   std::vector<std::string> args;
   std::string message;
