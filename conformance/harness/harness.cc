@@ -129,10 +129,6 @@ std::vector<NamedTensor> backend_named_tensors(const Backend& backend, Layer& la
   return named;
 }
 
-std::vector<NamedObject> ReloadSession::named_objects() const {
-  return backend_.held_objects(*layer_);
-}
-
 at::Tensor ReloadSession::cold_forward(const Checkpoint& ckpt, const at::Tensor& x) const {
   auto fresh = backend_.create_layer(device_);
   load(*fresh, ckpt);

@@ -68,9 +68,6 @@ class ReloadSession {
   /// held tensors as undeclared names.
   std::vector<NamedTensor> named_tensors() const;
 
-  /// The TorchBind objects the backend names (held_objects()).
-  std::vector<NamedObject> named_objects() const;
-
   /// The forward on `x` of a fresh cold load of `ckpt` on the same device:
   /// what a reload of `ckpt` must reproduce.
   at::Tensor cold_forward(const Checkpoint& ckpt, const at::Tensor& x) const;
