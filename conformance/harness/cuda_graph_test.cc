@@ -13,6 +13,7 @@
 #include "conformance/harness/device_graph.h"
 #include "conformance/harness/harness.h"
 #include "conformance/harness/run_options.h"
+#include "conformance/harness/step_table.h"
 #include "conformance/trace/read_trace.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -254,9 +255,8 @@ TEST_F(CudaGraphReload, NegativeControlsAreCaughtByStaleReplayOutput) {
       // (or a host number baked into a launch) on every replay, with the
       // quarantine, not only when the allocator hands out another block.
       const ReloadSteps steps = backend->steps();
-      const bool needs_a_step = steps.sleep_level > 0 || steps.recreate_parameters ||
-                                steps.cold_footprint_tolerance_bytes.has_value() ||
-                                steps.reload_peak_budget_bytes.has_value();
+      const bool needs_a_step =
+          takes_kind(steps, StepKind::kEngine) || takes_kind(steps, StepKind::kBound);
       const bool value_visible = backend->name() != "neg_leak" &&
                                  backend->name() != "neg_workspace_per_reload" && !needs_a_step;
       EXPECT_EQ(run.stale_replays, value_visible ? run.replays : 0);

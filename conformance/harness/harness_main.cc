@@ -10,6 +10,7 @@
 // has of CUDA (kernels linked, graph step, a device visible). Exits 1 when a sample backend loses
 // an address or a negative control is not flagged, 2 on bad arguments.
 #include "conformance/harness/device_graph.h"
+#include "conformance/harness/forward_capture.h"
 #include "conformance/harness/harness.h"
 #include "conformance/harness/report_format.h"
 #include "conformance/harness/run_flags.h"

@@ -34,14 +34,12 @@
 //   4. the bytes held in live tensor storages do not grow after the first
 //      reload (beyond the subject's tolerance).
 //
-// The steps of ReloadSteps (run_options.h), where the run or the subject
-// asks for them: before each reload, sleep and wake, then parameters
-// re-created (reload_steps.h); around its load and post-processing, the peak
-// of live bytes against a budget; after it, the live bytes against the cold
-// load's, every host number against its captured value, and every tensor and
-// host number against a cold load's of the same checkpoint (layer_state.h).
-// Each name they flag is flagged once per mode, at the first reload that
-// shows it.
+// The harness steps (step.h, listed in step_table.h), where the run or the
+// subject asks for them, hook in at the phases of each mode: before each
+// reload (a sleep and wake, parameters re-created), around its load (the
+// peak of live bytes), after it (host numbers, state against a cold load,
+// the footprint) and after its forward. Each name they flag is flagged once
+// per mode, at the first reload that shows it.
 //
 // Every broken promise is a Violation (report.h) naming the tensor (and, for
 // a traced read, the op and argument), with before and after. External reads
@@ -62,23 +60,11 @@
 
 namespace reloadsafe::harness {
 
-/// Runs the protocol for `subject` in both modes. Steps that are not
-/// well-formed (check_steps) are refused before anything runs.
+/// Runs the protocol for `subject` in both modes, with the steps the run's
+/// options and the subject ask for (merge_steps). Steps that are not
+/// well-formed (check_steps in step_table.h) are refused before anything
+/// runs.
 BackendReport run_subject(ReloadSubject& subject, const RunOptions& options);
-
-/// Throws c10::Error naming the first step of `steps` that cannot be taken:
-/// a sleep level other than 0, 1 or 2, or a negative byte bound.
-void check_steps(const ReloadSteps& steps);
-
-/// How many distinct tensors and objects (by storage or identity) `reads`
-/// has from outside the forward, declared and undeclared: the input, Python
-/// subclass wrappers (checked through their inner reads) and tensors without
-/// storage are not counted.
-struct DistinctReads {
-  std::vector<const trace::CapturedRead*> declared;
-  std::vector<const trace::CapturedRead*> undeclared;  ///< the first read of each
-};
-DistinctReads distinct_reads(const std::vector<trace::CapturedRead>& reads);
 
 /// The reads of the forward as the protocol captures it: after a cold load
 /// of the checkpoint of `seed` and one warm-up forward, every external read

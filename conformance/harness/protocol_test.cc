@@ -8,6 +8,7 @@
 
 #include "conformance/harness/device_graph.h"
 #include "conformance/harness/report_format.h"
+#include "conformance/harness/step_table.h"
 #include "utils/reload_context.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -552,30 +553,20 @@ const Violation* first_named(const BackendReport& report, const std::string& nam
 }
 
 ReloadSteps sleeping(int level) {
-  ReloadSteps s;
-  s.sleep_level = level;
-  s.compare_state = true;
-  return s;
+  return ReloadSteps().set("sleep", level).set("compare_state");
 }
 
 // Each step catches its bug by name, the same bug passes (or is not named)
 // without the step, and the layer without the bug passes with it.
 TEST(ProtocolSteps, EachStepNamesTheBugItExistsForAndPassesTheFixedLayer) {
-  ReloadSteps recreate;
-  recreate.recreate_parameters = true;
-  recreate.compare_state = true;
-  ReloadSteps numbers;
-  numbers.host_numbers = true;
-  ReloadSteps state;
-  state.compare_state = true;
-  ReloadSteps footprint;
-  footprint.cold_footprint_tolerance_bytes = 0;
-  ReloadSteps peak;
-  peak.reload_peak_budget_bytes = 256;  // the staged copy of w is 512 B
-  ReloadSteps forward_state = sleeping(2);
-  forward_state.compare_forward_state = true;
-  ReloadSteps forward_state_level_1 = sleeping(1);
-  forward_state_level_1.compare_forward_state = true;
+  const ReloadSteps recreate = ReloadSteps().set("recreate_parameters").set("compare_state");
+  const ReloadSteps numbers = ReloadSteps().set("host_numbers");
+  const ReloadSteps state = ReloadSteps().set("compare_state");
+  const ReloadSteps footprint = ReloadSteps().set("cold_footprint_tolerance_bytes", 0);
+  // The staged copy of w is 512 B.
+  const ReloadSteps peak = ReloadSteps().set("reload_peak_budget_bytes", 256);
+  const ReloadSteps forward_state = sleeping(2).set("compare_forward_state");
+  const ReloadSteps forward_state_level_1 = sleeping(1).set("compare_forward_state");
   struct Row {
     const char* name;
     Bug bug;
@@ -648,7 +639,7 @@ TEST(ProtocolSteps, SleepLevelOneRestoresWhatTheColdLoadMadeAndLevelTwoDoesNot) 
 
 TEST(ProtocolSteps, ASubjectsOwnSleepRunsInPlaceOfTheEmulationAndWhatItKeepsIsCounted) {
   RunOptions o = options(3, true);
-  o.steps.sleep_level = 2;
+  o.steps.set("sleep", 2);
   // The emulation would discard `bias` (not a buffer): the helper restores
   // every tensor, so the layer passes, and the helper ran once per reload.
   StepsSubject restoring(Bug::kPlainConstant);
@@ -665,25 +656,23 @@ TEST(ProtocolSteps, ASubjectsOwnSleepRunsInPlaceOfTheEmulationAndWhatItKeepsIsCo
 }
 
 TEST(ProtocolSteps, ASubjectsOwnStepsAreMergedWithTheRuns) {
-  ReloadSteps asked;
-  asked.sleep_level = 2;
+  const ReloadSteps asked = ReloadSteps().set("sleep", 2);
   StepsSubject buggy(Bug::kPlainConstant, asked);
   const BackendReport report = run_subject(buggy, options(2, false));
   EXPECT_TRUE(flagged_in_every_mode(report, "forward")) << to_table({report});
 
-  ReloadSteps a, b;
-  a.sleep_level = 1;
-  a.reload_peak_budget_bytes = 100;
-  b.sleep_level = 2;
-  b.reload_peak_budget_bytes = 50;
-  b.cold_footprint_tolerance_bytes = 7;
-  b.host_numbers = true;
-  const ReloadSteps m = a.merged_with(b);
-  EXPECT_EQ(m.sleep_level, 2);
-  EXPECT_EQ(m.reload_peak_budget_bytes, 50);
-  EXPECT_EQ(m.cold_footprint_tolerance_bytes, 7);
-  EXPECT_TRUE(m.host_numbers);
-  EXPECT_FALSE(m.compare_state);
+  const ReloadSteps a = ReloadSteps().set("sleep", 1).set("reload_peak_budget_bytes", 100);
+  const ReloadSteps b = ReloadSteps()
+                            .set("sleep", 2)
+                            .set("reload_peak_budget_bytes", 50)
+                            .set("cold_footprint_tolerance_bytes", 7)
+                            .set("host_numbers");
+  const ReloadSteps m = merge_steps(a, b);
+  EXPECT_EQ(m.get("sleep"), 2);
+  EXPECT_EQ(m.get("reload_peak_budget_bytes"), 50);
+  EXPECT_EQ(m.get("cold_footprint_tolerance_bytes"), 7);
+  EXPECT_TRUE(m.has("host_numbers"));
+  EXPECT_FALSE(m.has("compare_state"));
   EXPECT_TRUE(m.any());
   EXPECT_FALSE(ReloadSteps{}.any());
 }
@@ -694,13 +683,15 @@ TEST(ProtocolSteps, StepsThatCannotBeTakenAreRefusedWithTheirName) {
     ReloadSteps steps;
     std::string says;
   };
-  ReloadSteps sleep3, negative, recreate;
-  sleep3.sleep_level = 3;
-  negative.reload_peak_budget_bytes = -1;
-  recreate.recreate_parameters = true;
+  const ReloadSteps sleep3 = ReloadSteps().set("sleep", 3);
+  const ReloadSteps negative = ReloadSteps().set("reload_peak_budget_bytes", -1);
+  const ReloadSteps unknown = ReloadSteps().set("hibernate");
+  const ReloadSteps recreate = ReloadSteps().set("recreate_parameters");
   // Refused before anything runs.
-  for (const Row& row : {Row{"sleep 3", sleep3, "sleep level must be 1 to 2"},
-                         Row{"negative budget", negative, "reload peak budget"}}) {
+  for (const Row& row :
+       {Row{"sleep 3", sleep3, "sleep takes a level from 1 to 2"},
+        Row{"negative budget", negative, "reload_peak_budget_bytes is a number of bytes >= 0"},
+        Row{"unknown", unknown, "no harness step is named 'hibernate'; the steps are sleep, "}}) {
     SCOPED_TRACE(row.name);
     CountingSubject subject;
     RunOptions o = options(2, false);

@@ -1,4 +1,4 @@
-#define TORCH_ASSERT_NO_OPERATORS
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 
 #include "conformance/harness/run_flags.h"
 
@@ -29,6 +29,25 @@ c10::Device parse_device(const std::string& text) {
   throw BadFlag("--device takes cpu or cuda[:I], not '" + text + "'");
 }
 
+// The value of step `step`'s flag at argv[i], as ReloadSteps takes it.
+int64_t step_value(const StepSpec& step, const std::string& flag, int argc, char** argv, int& i) {
+  switch (step.takes) {
+    case StepTakes::kSwitch:
+      return 1;
+    case StepTakes::kLevel: {
+      const int level = parse_number<int>(flag, flag_value(argc, argv, i), 1);
+      if (level > step.max_level) {
+        throw BadFlag(flag + " takes 1 to " + std::to_string(step.max_level) + ", not " +
+                      std::to_string(level));
+      }
+      return level;
+    }
+    case StepTakes::kBytes:
+      return parse_number<int64_t>(flag, flag_value(argc, argv, i), 0);
+  }
+  return 1;
+}
+
 }  // namespace
 
 std::string flag_value(int argc, char** argv, int& i) {
@@ -36,53 +55,12 @@ std::string flag_value(int argc, char** argv, int& i) {
   return argv[++i];
 }
 
-const std::vector<StepFlag>& step_flags() {
-  // Each step's flag, what it takes and how it is set: the one place a step
-  // meets the command line (run_options.h says what each step does).
-  static const std::vector<StepFlag> table = {
-      {"--sleep", "1|2",
-       [](ReloadSteps& steps, const std::string& flag, const std::string& value) {
-         const int level = parse_number<int>(flag, value, 1);
-         if (level > kMaxSleepLevel) {
-           throw BadFlag(flag + " takes 1 to " + std::to_string(kMaxSleepLevel) + ", not " +
-                         std::to_string(level));
-         }
-         steps.sleep_level = level;
-       }},
-      {"--recreate-parameters", "",
-       [](ReloadSteps& steps, const std::string&, const std::string&) {
-         steps.recreate_parameters = true;
-       }},
-      {"--host-numbers", "",
-       [](ReloadSteps& steps, const std::string&, const std::string&) {
-         steps.host_numbers = true;
-       }},
-      {"--compare-state", "",
-       [](ReloadSteps& steps, const std::string&, const std::string&) {
-         steps.compare_state = true;
-       }},
-      {"--compare-forward-state", "",
-       [](ReloadSteps& steps, const std::string&, const std::string&) {
-         steps.compare_forward_state = true;
-       }},
-      {"--cold-footprint-tolerance", "BYTES",
-       [](ReloadSteps& steps, const std::string& flag, const std::string& value) {
-         steps.cold_footprint_tolerance_bytes = parse_number<int64_t>(flag, value, 0);
-       }},
-      {"--reload-peak-budget", "BYTES",
-       [](ReloadSteps& steps, const std::string& flag, const std::string& value) {
-         steps.reload_peak_budget_bytes = parse_number<int64_t>(flag, value, 0);
-       }},
-  };
-  return table;
-}
-
 std::string steps_usage(const std::string& indent, size_t width) {
   std::string out, line = indent;
-  for (const StepFlag& step : step_flags()) {
-    std::string item = std::string("[") + step.flag;
-    if (*step.value != '\0') item += std::string(" ") + step.value;
-    item += "]";
+  for (const StepSpec& step : step_table()) {
+    const std::string value = value_text(step);
+    const std::string item =
+        std::string("[") + step.flag + (value.empty() ? "" : " " + value) + "]";
     if (line.size() > indent.size() && line.size() + 1 + item.size() > width) {
       out += line + "\n";
       line = indent;
@@ -104,10 +82,9 @@ bool parse_run_flag(int argc, char** argv, int& i, RunOptions& options) {
   } else if (arg == "--no-trace") {
     options.trace = false;
   } else {
-    for (const StepFlag& step : step_flags()) {
+    for (const StepSpec& step : step_table()) {
       if (arg != step.flag) continue;
-      const std::string value = *step.value != '\0' ? flag_value(argc, argv, i) : "";
-      step.set(options.steps, arg, value);
+      options.steps.set(step.name, step_value(step, arg, argc, argv, i));
       return true;
     }
     return false;

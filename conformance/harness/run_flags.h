@@ -10,6 +10,7 @@
 #pragma once
 
 #include "conformance/harness/run_options.h"
+#include "conformance/harness/step_table.h"
 
 #include <cstddef>
 #include <stdexcept>
@@ -28,27 +29,13 @@ class BadFlag : public std::runtime_error {
 /// Throws BadFlag when argv[i] is the last argument.
 std::string flag_value(int argc, char** argv, int& i);
 
-/// One step of ReloadSteps as the command line names it. step_flags() is
-/// the one table of them: parse_run_flag takes the steps' flags from it and
-/// steps_usage() writes the binaries' usage of them.
-struct StepFlag {
-  const char* flag;   ///< "--compare-state"
-  const char* value;  ///< what it takes: "" for a switch, "1|2", "BYTES"
-  /// Sets the step in `steps` from the flag's value ("" for a switch);
-  /// throws BadFlag naming `flag` for a value the protocol cannot run with.
-  void (*set)(ReloadSteps& steps, const std::string& flag, const std::string& value);
-};
-
-/// Every step's flag, in the order of ReloadSteps' fields.
-const std::vector<StepFlag>& step_flags();
-
-/// The steps' flags as a usage line, "[--sleep 1|2] [--recreate-parameters]
-/// ...", each line starting with `indent` and wrapped before `width`
+/// The steps' flags (step_table.h) as a usage line, "[--sleep 1|2]
+/// [--recreate-parameters] ...", each line starting with `indent` and wrapped before `width`
 /// characters; ends with a newline.
 std::string steps_usage(const std::string& indent, size_t width = 100);
 
 /// If argv[i] is one of RunOptions' flags (--reloads N, --device D, --seed S,
-/// --no-trace) or a step's (step_flags()), sets it in `options`, advances i
+/// --no-trace) or a step's (StepSpec::flag in step_table.h), sets it in `options`, advances i
 /// past its value and returns true; returns false, changing nothing, for any
 /// other argument. Throws BadFlag for a missing or bad value.
 bool parse_run_flag(int argc, char** argv, int& i, RunOptions& options);

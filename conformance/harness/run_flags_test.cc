@@ -1,4 +1,4 @@
-#define TORCH_ASSERT_NO_OPERATORS
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 
 #include "conformance/harness/run_flags.h"
 
@@ -42,13 +42,14 @@ TEST(RunFlags, SetsEachStep) {
              "--compare-forward-state", "--cold-footprint-tolerance", "4096",
              "--reload-peak-budget", "0", "--x"},
             options);
-  EXPECT_EQ(options.steps.sleep_level, 2);
-  EXPECT_TRUE(options.steps.recreate_parameters);
-  EXPECT_TRUE(options.steps.host_numbers);
-  EXPECT_TRUE(options.steps.compare_state);
-  EXPECT_TRUE(options.steps.compare_forward_state);
-  EXPECT_EQ(options.steps.cold_footprint_tolerance_bytes, 4096);
-  EXPECT_EQ(options.steps.reload_peak_budget_bytes, 0);
+  EXPECT_EQ(options.steps, ReloadSteps()
+                               .set("sleep", 2)
+                               .set("recreate_parameters")
+                               .set("host_numbers")
+                               .set("compare_state")
+                               .set("compare_forward_state")
+                               .set("cold_footprint_tolerance_bytes", 4096)
+                               .set("reload_peak_budget_bytes", 0));
   EXPECT_EQ(rest, (std::vector<std::string>{"--x"}));
 }
 
@@ -63,10 +64,10 @@ TEST(RunFlags, TakesACudaDeviceWithoutNeedingOne) {
 // what it takes, in lines no wider than asked.
 TEST(RunFlags, TheUsageOfTheStepsComesFromTheTable) {
   const std::string usage = steps_usage("    ", 60);
-  for (const StepFlag& step : step_flags()) {
-    std::string item = std::string("[") + step.flag;
-    if (*step.value != '\0') item += std::string(" ") + step.value;
-    item += "]";
+  for (const StepSpec& step : step_table()) {
+    const std::string value = value_text(step);
+    const std::string item =
+        std::string("[") + step.flag + (value.empty() ? "" : " " + value) + "]";
     const size_t at = usage.find(item);
     ASSERT_NE(at, std::string::npos) << item << "\n" << usage;
     EXPECT_EQ(usage.find(item, at + 1), std::string::npos) << item;
@@ -80,14 +81,16 @@ TEST(RunFlags, TheUsageOfTheStepsComesFromTheTable) {
   }
   EXPECT_EQ(start, usage.size()) << "ends with a newline";
   // Every flag of the table is taken, and a switch takes no value.
-  for (const StepFlag& step : step_flags()) {
+  for (const StepSpec& step : step_table()) {
     SCOPED_TRACE(step.flag);
     RunOptions options;
     std::vector<std::string> args = {step.flag};
-    if (*step.value != '\0') args.push_back(std::string(step.value) == "1|2" ? "1" : "0");
+    if (step.takes != StepTakes::kSwitch)
+      args.push_back(step.takes == StepTakes::kLevel ? "1" : "0");
     args.push_back("--next");
     EXPECT_EQ(parse(args, options), (std::vector<std::string>{"--next"}));
-    EXPECT_TRUE(options.steps.any());
+    EXPECT_TRUE(options.steps.has(step.name));
+    check_steps(options.steps);  // what a flag sets, the protocol takes
   }
 }
 
@@ -123,7 +126,7 @@ TEST(RunFlags, RefusesBadValuesNamingTheFlag) {
       EXPECT_EQ(std::string(e.what()), c.message);
     }
     EXPECT_EQ(options.reloads, RunOptions{}.reloads) << "a refused flag changes nothing";
-    EXPECT_EQ(options.steps.sleep_level, 0) << "a refused flag changes nothing";
+    EXPECT_FALSE(options.steps.any()) << "a refused flag changes nothing";
   }
 }
 

@@ -16,7 +16,9 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <string>
 
 namespace reloadsafe::harness {
 
@@ -37,79 +39,46 @@ constexpr uint64_t reload_seed(uint64_t seed, int r) {
   return seed + 1000003 * static_cast<uint64_t>(r);
 }
 
-/// The harness steps around each reload, each off by default: what an engine
-/// does between reloads (sleep and wake), how it reloads (re-created
-/// parameters), and what is checked beyond addresses and values (host
-/// numbers, state against a cold load, memory over a whole reload). A run
-/// takes the steps its options ask for and those its subject asks for
-/// (SubjectInfo::steps), merged by merged_with().
-/// The deepest sleep level (ReloadSteps::sleep_level): levels run from 1 to
-/// this; 0 is no sleep. The one place the range is written (the flag, the
-/// protocol's check and Python's `sleep=` read it).
-constexpr int kMaxSleepLevel = 2;
-
-struct ReloadSteps {
-  /// 0: no sleep. 1 or 2: before every reload the layer sleeps and wakes,
-  /// as an engine's sleep mode does between RL steps (reload_steps.h):
-  /// the contents of every storage the subject names are discarded, then
-  /// wake restores from a host copy its registered buffers (level 2), or
-  /// everything its cold load made (level 1: parameters, buffers and every
-  /// other storage it reached before its first forward).
-  int sleep_level = 0;
-  /// Before every reload's load, every registered parameter's storage is
-  /// filled with a sentinel (NaN; -1 for integers), as the memory of a
-  /// parameter re-created by a layerwise reload holds garbage.
-  bool recreate_parameters = false;
-  /// Every host number the subject names keeps the value it had when the
-  /// forward was captured (a graph bakes it into a launch).
-  bool host_numbers = false;
-  /// After every reload, every tensor and host number the subject names
-  /// equals a cold load's of the same checkpoint, by name; one that does
-  /// not is named "not idempotent" when loading that checkpoint twice
-  /// already changes it (layer_state.h).
-  bool compare_state = false;
-  /// After every reload's forward, every tensor and host number the subject
-  /// names equals a cold load's of the same checkpoint after one forward on
-  /// the same input: state the first forward makes (a tile schedule, a
-  /// workspace) that a sleep or a reload left wrong. For layers whose
-  /// forward state does not depend on how many forwards ran.
-  bool compare_forward_state = false;
-  /// Live bytes after a reload may exceed the cold load's by at most this
-  /// (an extra copy kept from the first reload on).
-  std::optional<int64_t> cold_footprint_tolerance_bytes;
-  /// While a reload loads and post-processes, live bytes may rise at most
-  /// this far above what was live just before it.
-  std::optional<int64_t> reload_peak_budget_bytes;
-
-  /// Whether any step is asked for.
-  bool any() const {
-    return sleep_level > 0 || recreate_parameters || host_numbers || compare_state ||
-           compare_forward_state || cold_footprint_tolerance_bytes.has_value() ||
-           reload_peak_budget_bytes.has_value();
+/// The harness steps a run takes around each reload, by name: what an engine
+/// does between reloads (a sleep and wake, re-created parameters), and what
+/// is checked beyond addresses and values (host numbers, state against a cold
+/// load, memory bounds). Every step is off until set. The steps there are,
+/// what each takes and does, are the step table's (step_table.h), the one
+/// place a step is written; this is only the run's choice of them, so that
+/// a run's options need nothing but this header. A run takes the steps its
+/// options ask for and those its subject asks for (SubjectInfo::steps),
+/// merged (merge_steps in step_table.h). A name or value the table refuses is
+/// refused before anything runs (check_steps).
+class ReloadSteps {
+ public:
+  /// Takes step `name` with `value`: 1 for a switch ("compare_state"), the
+  /// level for a level ("sleep"), the bytes for a bound
+  /// ("reload_peak_budget_bytes").
+  ReloadSteps& set(const std::string& name, int64_t value = 1) {
+    values_[name] = value;
+    return *this;
   }
-
-  /// Every step either asks for: the higher sleep level, each check asked
-  /// by either, the tighter of two bounds.
-  ReloadSteps merged_with(const ReloadSteps& other) const {
-    ReloadSteps out = *this;
-    out.sleep_level = sleep_level > other.sleep_level ? sleep_level : other.sleep_level;
-    out.recreate_parameters = recreate_parameters || other.recreate_parameters;
-    out.host_numbers = host_numbers || other.host_numbers;
-    out.compare_state = compare_state || other.compare_state;
-    out.compare_forward_state = compare_forward_state || other.compare_forward_state;
-    out.cold_footprint_tolerance_bytes =
-        tighter(cold_footprint_tolerance_bytes, other.cold_footprint_tolerance_bytes);
-    out.reload_peak_budget_bytes =
-        tighter(reload_peak_budget_bytes, other.reload_peak_budget_bytes);
-    return out;
+  /// Leaves step `name` out again.
+  ReloadSteps& unset(const std::string& name) {
+    values_.erase(name);
+    return *this;
   }
+  /// The value step `name` is taken with; empty when it is not taken.
+  std::optional<int64_t> get(const std::string& name) const {
+    const auto it = values_.find(name);
+    return it == values_.end() ? std::nullopt : std::optional<int64_t>(it->second);
+  }
+  /// Whether step `name` is taken.
+  bool has(const std::string& name) const { return values_.count(name) > 0; }
+  /// Whether any step is taken.
+  bool any() const { return !values_.empty(); }
+  /// Every step taken, by name.
+  const std::map<std::string, int64_t>& values() const { return values_; }
+
+  bool operator==(const ReloadSteps& other) const { return values_ == other.values_; }
 
  private:
-  static std::optional<int64_t> tighter(std::optional<int64_t> a, std::optional<int64_t> b) {
-    if (!a) return b;
-    if (!b) return a;
-    return *a < *b ? a : b;
-  }
+  std::map<std::string, int64_t> values_;
 };
 
 struct RunOptions {

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
+import textwrap
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Callable
 
@@ -31,7 +33,8 @@ from .layer_subject import (
 )
 from .preflight import preflight
 from .report import ReloadReport
-from .sleep import LEVELS, Caches
+from .sleep import Caches
+from .steps import reads_numbers, reload_steps, step_parameters, steps_doc
 
 __all__ = ["check_reload", "ReloadReport", "MODES"]
 
@@ -54,15 +57,9 @@ def check_reload(
     expect_violation: str | None = None,
     trace: bool = True,
     device_clean: bool = False,
-    compare_state: bool = False,
-    compare_forward_state: bool = False,
-    sleep: int | Callable[[torch.nn.Module], None] | None = None,
     module_caches: Caches | None = None,
-    recreate_parameters: bool = False,
-    host_numbers: bool = False,
-    cold_footprint_tolerance_bytes: int | None = None,
-    reload_peak_budget_bytes: int | None = None,
     allow_constant_output: bool = False,
+    **steps: Any,
 ) -> ReloadReport:
     """Checks that reloading weights into a layer keeps every address a
     captured CUDA graph of its forward reads.
@@ -102,59 +99,16 @@ def check_reload(
       a fresh cold load of the same checkpoint;
     - the checkpoint, the input and a canary are unchanged;
     - live tensor memory does not grow after the first reload (beyond
-      ``memory_tolerance_bytes``), and, with ``cold_footprint_tolerance_bytes``,
-      after no reload exceeds the cold load's by more than that (an extra
-      copy kept from the first reload on), and, with
-      ``reload_peak_budget_bytes``, never held more than that above the
-      bytes live before the reload while it loaded and post-processed (a
-      second copy of the weights staged before the first is freed);
-    - with ``compare_state``: every tensor and host number (``int``,
-      ``float``) the module reaches holds what a cold load of the same
-      checkpoint holds, by name (reloadsafe/state.py); one that does not is
-      a violation named by it, "not idempotent" where loading the same
-      checkpoint twice already changes it, else "differs from a cold load"
-      (a stale derived tensor, a host number a graph bakes in, padding left
-      from an earlier pass). State the forward makes is not compared.
+      ``memory_tolerance_bytes``).
 
-    ``compare_forward_state``: the same comparison right after every
-    reload's forward, against a cold load that ran one forward on the same
-    input, so state the first forward makes (a tile schedule, a workspace
-    a kernel fills once) and that a sleep discarded is named. For layers
-    whose forward state does not depend on how many forwards ran.
-
-    ``sleep`` (1 or 2) puts the layer to sleep and wakes it before every
-    reload, as an engine's sleep mode does between RL steps
-    (reloadsafe/sleep.py): every storage the layer reaches is discarded in
-    place (floats NaN, integers 0), then wake restores the registered
-    buffers (level 2; level 1 everything the cold load made, so only what a
-    forward made since is lost) from a host copy, and the
-    reload loads and post-processes. ``sleep`` may instead be a function
-    ``(layer) -> None`` that is the engine's own sleep and wake (a memory
-    saver that keeps host copies), run in place of the emulation before
-    every reload: on a CPU check the memory it keeps is counted with the
-    layer's, so a helper that keeps one more host copy per cycle (torch
-    memory saver #71) fails the growth check. ``module_caches`` (``{"name": dict}``)
-    are module-level caches post-processing reads: slept with the layer,
-    compared by name under ``compare_state``, and emptied for every cold
-    load made aside.
-
-    ``recreate_parameters`` reloads the way layerwise reload does (vLLM's
-    ``reload_weights``): before each reload's load every parameter's storage
-    is filled with a sentinel (NaN, integers -1), as memory re-created
-    uninitialised would hold, so padding or any element the loader does not
-    write, and that only construction zeroed, shows.
-
-    ``host_numbers``: every ``int`` and ``float`` the module reaches (an
-    attribute, a kernel object's field) keeps the value it had when the
-    forward was captured; a reload that changes one is a violation named by
-    its attribute ("host number changed since the capture"): a CUDA graph
-    bakes such a number into its launch (reloadsafe/state.py).
-
-    ``compare_state``, ``compare_forward_state``, ``sleep``,
-    ``recreate_parameters``, ``host_numbers``, ``cold_footprint_tolerance_bytes``
-    and ``reload_peak_budget_bytes`` are steps of the C++ protocol
-    (``ReloadSteps`` in conformance/harness/run_options.h), which a C++
-    backend takes with ``reload_harness --sleep 2`` and the like.
+    The harness steps (listed below, from the C++ step table) add to that:
+    what an engine does between reloads (a sleep, re-created parameters),
+    checks that name the culprit (``compare_state``: every tensor and host
+    number against a cold load's of the same checkpoint, by name;
+    ``host_numbers``: every number against its captured value) and memory
+    bounds. ``module_caches`` (``{"name": dict}``) are module-level caches
+    post-processing reads: slept with the layer, compared by name under
+    ``compare_state``, and emptied for every cold load made aside.
 
     Returns a ``ReloadReport``; ``report.ok`` is the verdict and
     ``report.table()`` names every violation. ``expect_violation`` marks a
@@ -216,6 +170,7 @@ def check_reload(
     ``reload_harness --device cuda``).
     """
     arguments = dict(locals())  # for the look at a value failure's culprit, below
+    arguments["steps"] = dict(steps)
     reloads = whole_number("reloads", reloads, 1, example=10)
     seed = whole_number("seed", seed, 0, example=1)
     try:
@@ -239,30 +194,12 @@ def check_reload(
         options.device = dev
         options.seed = int(seed)
         options.trace = bool(trace)
-        steps = _C.ReloadSteps()
-        if callable(sleep):
-            subject.own_sleep = sleep
-            steps.sleep_level = max(LEVELS)  # the step runs; the subject's own sleep takes it
-        elif sleep is not None:
-            if isinstance(sleep, bool) or sleep not in LEVELS:
-                raise ReloadCheckError(
-                    f"check_reload: sleep must be one of {LEVELS}, a function (layer) -> None that is the "
-                    f"engine's own sleep and wake, or None; got {sleep!r}")
-            steps.sleep_level = int(sleep)
-        steps.recreate_parameters = bool(recreate_parameters)
-        steps.host_numbers = bool(host_numbers)
-        steps.compare_state = bool(compare_state)
-        steps.compare_forward_state = bool(compare_forward_state)
-        if cold_footprint_tolerance_bytes is not None:
-            steps.cold_footprint_tolerance_bytes = whole_number(
-                "cold_footprint_tolerance_bytes", cold_footprint_tolerance_bytes, 0, example=4096)
-        if reload_peak_budget_bytes is not None:
-            steps.reload_peak_budget_bytes = whole_number(
-                "reload_peak_budget_bytes", reload_peak_budget_bytes, 0, example=1 << 20)
-        options.steps = steps
+        options.steps, own_sleep = reload_steps(steps)
+        if own_sleep is not None:
+            subject.own_sleep = own_sleep
         watch_compilations()  # torch.compile's compilations are not the forward's work
         preflight(subject, device_clean=device_clean,
-                  numbers=steps.host_numbers or steps.compare_state or steps.compare_forward_state)
+                  numbers=reads_numbers(options.steps))
         report = _C.run_subject(subject, options)
         layout = "" if report.ok() else subject.layout_hint()
     result = ReloadReport(report, options, [layout] if layout else [])
@@ -277,6 +214,14 @@ def check_reload(
             result.notes.append("What these mean and how to fix them: docs/violations.md ("
                                 + ", ".join(f"#{k.anchor}" for k in kinds) + ")")
     return result
+
+
+# The step keywords come from the C++ step table (steps.py): the signature
+# and the docstring show each, as if written out.
+check_reload.__signature__ = inspect.signature(check_reload).replace(  # type: ignore[attr-defined]
+    parameters=[p for p in inspect.signature(check_reload).parameters.values()
+                if p.kind is not inspect.Parameter.VAR_KEYWORD] + step_parameters())
+check_reload.__doc__ = (check_reload.__doc__ or "").rstrip() + "\n\n" + textwrap.indent(steps_doc(), "    ") + "\n"
 
 
 #: The violations that say values differ, and name no tensor or number.
@@ -296,11 +241,14 @@ def _name_the_culprit(report: ReloadReport, arguments: dict[str, Any]) -> str:
         return ""
     if not flagged or not flagged <= _VALUES_ONLY:
         return ""
-    if arguments["compare_state"] and arguments["host_numbers"]:
+    steps = arguments["steps"]
+    if steps.get("compare_state") and steps.get("host_numbers"):
         return ""
+    again_arguments = {k: v for k, v in arguments.items() if k != "steps"}
+    again_arguments.update(steps, compare_state=True, host_numbers=True,
+                           reloads=min(int(arguments["reloads"]), 4))
     try:
-        again = check_reload(**{**arguments, "compare_state": True, "host_numbers": True,
-                                "reloads": min(int(arguments["reloads"]), 4)})
+        again = check_reload(**again_arguments)
     except Exception:  # noqa: BLE001 - the note adds to a failure already reported
         return ""
     named: dict[str, str] = {}

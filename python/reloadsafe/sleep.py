@@ -49,11 +49,7 @@ import torch
 
 from ._loader import _C
 
-__all__ = ["LEVELS", "Caches", "cache_tensors", "caches_emptied", "discard"]
-
-#: The sleep levels: 1 (params and buffers restored), 2 (buffers restored);
-#: the range is the C++ protocol's (kMaxSleepLevel in run_options.h).
-LEVELS = tuple(range(1, _C.MAX_SLEEP_LEVEL + 1))
+__all__ = ["Caches", "cache_tensors", "caches_emptied", "discard"]
 
 Caches = Mapping[str, MutableMapping[Any, Any]]
 

@@ -18,6 +18,7 @@
 #include "conformance/harness/report.h"
 #include "conformance/harness/report_format.h"
 #include "conformance/harness/run_options.h"
+#include "conformance/harness/step_table.h"
 #include "conformance/harness/subject.h"
 
 #include <ATen/core/ivalue.h>
@@ -46,6 +47,9 @@ using harness::ReloadSteps;
 using harness::ReloadSubject;
 using harness::RunOptions;
 using harness::StateDifference;
+using harness::StepKind;
+using harness::StepSpec;
+using harness::StepTakes;
 using harness::SubjectInfo;
 using harness::SubjectLayer;
 using harness::Violation;
@@ -198,16 +202,57 @@ void bind_protocol(py::module_& m) {
   m.def("discard_storage", &harness::discard_storage, py::arg("tensor"), py::arg("integer") = 0,
         "Fills `tensor`'s whole storage in place: NaN (floating, complex) or `integer`.");
 
+  // The step table (step_table.h): check_reload's step keywords, their
+  // validation and their docs come from it.
+  py::class_<StepSpec>(m, "StepSpec")
+      .def_property_readonly("name", [](const StepSpec& s) { return std::string(s.name); })
+      .def_property_readonly("flag", [](const StepSpec& s) { return std::string(s.flag); })
+      .def_property_readonly("takes",
+                             [](const StepSpec& s) {
+                               switch (s.takes) {
+                                 case StepTakes::kSwitch:
+                                   return "switch";
+                                 case StepTakes::kLevel:
+                                   return "level";
+                                 case StepTakes::kBytes:
+                                   return "bytes";
+                               }
+                               return "";
+                             })
+      .def_property_readonly("max_level", [](const StepSpec& s) { return s.max_level; })
+      .def_property_readonly("kind",
+                             [](const StepSpec& s) {
+                               switch (s.kind) {
+                                 case StepKind::kEngine:
+                                   return "engine";
+                                 case StepKind::kCheck:
+                                   return "check";
+                                 case StepKind::kBound:
+                                   return "bound";
+                               }
+                               return "";
+                             })
+      .def_property_readonly("help", [](const StepSpec& s) { return std::string(s.help); })
+      .def_property_readonly("example", [](const StepSpec& s) { return std::string(s.example); });
+  m.def("step_table", &harness::step_table, py::return_value_policy::copy,
+        "Every harness step, in the order their hooks run.");
+  m.def("steps_markdown_table", &harness::steps_markdown_table);
+
   py::class_<ReloadSteps>(m, "ReloadSteps")
       .def(py::init<>())
-      .def_readwrite("sleep_level", &ReloadSteps::sleep_level)
-      .def_readwrite("recreate_parameters", &ReloadSteps::recreate_parameters)
-      .def_readwrite("host_numbers", &ReloadSteps::host_numbers)
-      .def_readwrite("compare_state", &ReloadSteps::compare_state)
-      .def_readwrite("compare_forward_state", &ReloadSteps::compare_forward_state)
-      .def_readwrite("cold_footprint_tolerance_bytes", &ReloadSteps::cold_footprint_tolerance_bytes)
-      .def_readwrite("reload_peak_budget_bytes", &ReloadSteps::reload_peak_budget_bytes);
+      .def(
+          "set",
+          [](ReloadSteps& steps, const std::string& name, int64_t value) -> ReloadSteps& {
+            return steps.set(name, value);
+          },
+          py::arg("name"), py::arg("value") = 1, py::return_value_policy::reference_internal)
+      .def("get", &ReloadSteps::get, py::arg("name"))
+      .def("has", &ReloadSteps::has, py::arg("name"))
+      .def("any", &ReloadSteps::any)
+      .def("values", &ReloadSteps::values)
+      .def("__eq__", &ReloadSteps::operator==);
   m.def("check_steps", &harness::check_steps, py::arg("steps"));
+  m.def("merge_steps", &harness::merge_steps, py::arg("a"), py::arg("b"));
 
   py::class_<RunOptions>(m, "RunOptions")
       .def(py::init<>())
@@ -220,7 +265,6 @@ void bind_protocol(py::module_& m) {
   // The run's defaults and seed rule (run_options.h), for check_reload's
   // default and for tests that tell reloads apart by their checkpoint's seed.
   m.attr("DEFAULT_RELOADS") = harness::kDefaultReloads;
-  m.attr("MAX_SLEEP_LEVEL") = harness::kMaxSleepLevel;
   m.def("reload_seed", &harness::reload_seed, py::arg("seed"), py::arg("reload"),
         "The seed of reload `reload`'s checkpoint (1 and up) in a run of `seed`.");
 

@@ -60,4 +60,4 @@ def test_correct_layers_stay_within_the_cold_footprint(cls):
 
 def test_the_tolerance_is_a_whole_number():
     with pytest.raises(ReloadCheckError, match="cold_footprint_tolerance_bytes must be an int"):
-        check_reload(KeepsAStagingCopy, X, reloads=1, cold_footprint_tolerance_bytes=1.5)  # type: ignore[arg-type]
+        check_reload(KeepsAStagingCopy, X, reloads=1, cold_footprint_tolerance_bytes=1.5)

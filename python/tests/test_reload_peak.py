@@ -54,4 +54,4 @@ def test_an_in_place_reload_stays_within_a_small_budget():
 
 def test_the_budget_is_a_whole_number():
     with pytest.raises(ReloadCheckError, match="reload_peak_budget_bytes must be an int"):
-        check_reload(InPlace, X, reloads=1, reload_peak_budget_bytes="1MB")  # type: ignore[arg-type]
+        check_reload(InPlace, X, reloads=1, reload_peak_budget_bytes="1MB")

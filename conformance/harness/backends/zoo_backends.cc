@@ -436,11 +436,7 @@ class HostKScale : public Backend {
   std::vector<NamedNumber> host_numbers(const Layer& /*layer*/) const override {
     return {{"scale", softmax_scale()}};
   }
-  ReloadSteps steps() const override {
-    ReloadSteps steps;
-    steps.host_numbers = true;
-    return steps;
-  }
+  ReloadSteps steps() const override { return ReloadSteps().set("host_numbers"); }
 
  protected:
   // The attention's softmax scale, head_size ** -0.5: a host float the
@@ -549,10 +545,10 @@ class Fp8RefitStaging : public Backend {
   }
   std::vector<int64_t> input_shape() const override { return {6, kRefitIn}; }
   ReloadSteps steps() const override {
-    ReloadSteps steps;
-    steps.cold_footprint_tolerance_bytes = 0;
-    steps.reload_peak_budget_bytes = kRefitWeightBytes / 2;  // a staging copy is over it
-    return steps;
+    // A staging copy is over the peak budget.
+    return ReloadSteps()
+        .set("cold_footprint_tolerance_bytes", 0)
+        .set("reload_peak_budget_bytes", kRefitWeightBytes / 2);
   }
 };
 
@@ -678,10 +674,8 @@ class DraftRopeCache : public Backend {
     return {{"drafter.cos_sin_cache", drafter->cos_sin_cache}};
   }
   ReloadSteps steps() const override {
-    ReloadSteps steps;
-    steps.sleep_level = 2;
-    steps.compare_state = true;  // names the table, not only the forward
-    return steps;
+    // compare_state names the table, not only the forward.
+    return ReloadSteps().set("sleep", 2).set("compare_state");
   }
 };
 
@@ -777,10 +771,8 @@ class PaddedMoe : public Backend {
   }
   std::vector<int64_t> input_shape() const override { return {6, kMoeRealIn}; }
   ReloadSteps steps() const override {
-    ReloadSteps steps;
-    steps.recreate_parameters = true;
-    steps.compare_state = true;  // names the padded weights, not only the forward
-    return steps;
+    // compare_state names the padded weights, not only the forward.
+    return ReloadSteps().set("recreate_parameters").set("compare_state");
   }
 };
 
@@ -889,10 +881,8 @@ class GlobalPermCache : public Backend {
   std::vector<std::string> derived_names() const override { return {"w13_shuffled"}; }
   std::vector<ModuleCache*> module_caches() const override { return {permute_cache()}; }
   ReloadSteps steps() const override {
-    ReloadSteps steps;
-    steps.sleep_level = 2;
-    steps.compare_state = true;  // names the cache entry, not only the forward
-    return steps;
+    // compare_state names the cache entry, not only the forward.
+    return ReloadSteps().set("sleep", 2).set("compare_state");
   }
 
  protected:

@@ -1,6 +1,7 @@
 #include "conformance/harness/backends/zoo_doc.h"
 
 #include "conformance/harness/harness.h"
+#include "conformance/harness/step_table.h"
 
 #include <c10/util/Exception.h>
 
@@ -38,33 +39,11 @@ std::vector<std::string> codes(const std::vector<std::string>& names) {
   return out;
 }
 
-// The steps, as ReloadSteps names them: "`sleep_level` 2", "`compare_state`".
-std::vector<std::string> step_words(const ReloadSteps& steps) {
-  std::vector<std::string> words;
-  if (steps.sleep_level > 0) words.push_back("`sleep_level` " + std::to_string(steps.sleep_level));
-  if (steps.recreate_parameters) words.emplace_back("`recreate_parameters`");
-  if (steps.host_numbers) words.emplace_back("`host_numbers`");
-  if (steps.compare_state) words.emplace_back("`compare_state`");
-  if (steps.compare_forward_state) words.emplace_back("`compare_forward_state`");
-  if (steps.cold_footprint_tolerance_bytes) {
-    words.push_back("`cold_footprint_tolerance_bytes` " +
-                    std::to_string(*steps.cold_footprint_tolerance_bytes));
-  }
-  if (steps.reload_peak_budget_bytes) {
-    words.push_back("`reload_peak_budget_bytes` " +
-                    std::to_string(*steps.reload_peak_budget_bytes));
-  }
-  TORCH_INTERNAL_ASSERT(words.empty() != steps.any(), "a step of ReloadSteps without its words");
-  return words;
-}
-
 // Whether the buggy backend's steps are ones plain reloads never take (a
 // sleep, re-created parameters, a memory bound): cuda_graph_test, which
 // reloads without them, expects no stale replay from it.
 bool needs_a_step(const ReloadSteps& steps) {
-  return steps.sleep_level > 0 || steps.recreate_parameters ||
-         steps.cold_footprint_tolerance_bytes.has_value() ||
-         steps.reload_peak_budget_bytes.has_value();
+  return takes_kind(steps, StepKind::kEngine) || takes_kind(steps, StepKind::kBound);
 }
 
 // `say(mode)` for every mode: "X in each mode" where all modes say the
@@ -193,8 +172,8 @@ void write_intro(std::ostream& os, const std::vector<ZooPairRun>& runs, const Ru
             "wrapped in a new script object on every call; it is named, and compared, by its C++ "
             "instance.")
      << paragraph("The pairs of " + joined(with_steps) +
-                  " keep every address: their bug shows only under a step of `ReloadSteps` "
-                  "(`run_options.h`; sleep and wake, re-created parameters, host numbers, state "
+                  " keep every address: their bug shows only under a harness step "
+                  "(`step_table.h`; sleep and wake, re-created parameters, host numbers, state "
                   "against a cold load, memory against the cold load and over a reload). Both "
                   "backends of such a pair ask for the step through `Backend::steps()`, which "
                   "`BackendSubject` hands the protocol as `SubjectInfo::steps`, so every run takes "

@@ -1,0 +1,147 @@
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
+#include "conformance/harness/forward_checks.h"
+
+#include "conformance/harness/values.h"
+#include "conformance/trace/read_trace.h"
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace reloadsafe::harness {
+
+using trace::kOpSequence;
+
+void ForwardChecks::capture() {
+  if (!mode_.options().trace) return;
+  capture_ = capture_forward(mode_.live(), x_);
+  count_reads(capture_, report_);
+}
+
+void ForwardChecks::check(const Reload& reload, const at::Tensor& replayed_graph,
+                          const std::function<void()>& after_forward) {
+  const int r = reload.index;
+  const Checkpoint& ckpt = reload.checkpoint;
+  ViolationSink& sink = mode_.sink();
+  at::Tensor out;
+  bool replays_as_retraced = false;
+  bool follows_the_weights = false;
+  const bool traced = mode_.options().trace;
+  auto forward = [&] { out = mode_.live().forward(x_); };
+  if (traced) {
+    trace::CheckingRetrace retrace(*capture_.forward);
+    const bool ran = mode_.layer_step_runs(r, "the forward after the reload", forward);
+    retrace.stop();
+    if (!ran) return;
+    after_forward();
+    std::vector<trace::ReadChange> changes =
+        capture_.forward->compare(retrace, *capture_.names, sink.listing());
+    const auto sequence = std::find_if(changes.begin(), changes.end(),
+                                       [](const auto& c) { return c.tensor == kOpSequence; });
+    if (sequence != changes.end() && sequence_follows_the_weights(retrace, ckpt)) {
+      follows_the_weights = true;
+      warn_sequence_follows_the_weights(*sequence);
+      changes.erase(std::remove_if(changes.begin(), changes.end(),
+                                   [](const auto& c) { return c.tensor == kOpSequence; }),
+                    changes.end());
+    }
+    for (trace::ReadChange& c : changes) {
+      sink.add(r, std::move(c.tensor), std::move(c.what), std::move(c.before), std::move(c.after),
+               std::move(c.read));
+    }
+    replays_as_retraced = capture_.forward->replays_as(retrace);
+  } else {
+    if (!mode_.layer_step_runs(r, "the forward after the reload", forward)) return;
+    after_forward();
+  }
+  const at::Tensor expected =
+      cold_loads_.forward(r, ckpt, x_, [&] { return mode_.cold_forward_aside(ckpt, x_); });
+  const bool out_close = close(out, expected);
+  if (!out_close) {
+    sink.add(r, "forward", "differs from a cold load of the same checkpoint", "cold load",
+             sink.listing() ? max_diff(out, expected) : "");
+  }
+  if (traced && !follows_the_weights) {
+    check_replay(r, expected, replays_as_retraced ? &out : nullptr, out_close);
+  }
+  if (replayed_graph.defined() && !close(replayed_graph, expected)) {
+    sink.add(r, "cuda graph replay",
+             "the captured graph, replayed, differs from a cold load (it read an address the "
+             "reload abandoned, or a tensor the reload did not refill)",
+             "cold load", sink.listing() ? max_diff(replayed_graph, expected) : "");
+  }
+}
+
+// Note [An op sequence that follows the weights]
+// Some forwards choose their ops by the values they compute: an MoE layer
+// written with a loop over the experts that received tokens (Hugging
+// Face's Qwen2-MoE and Mixtral) runs other ops when new weights route the
+// tokens otherwise. Such a retrace differs from the capture in its op
+// sequence after a correct reload. A CUDA graph cannot capture such a
+// forward as one graph (it replays one sequence), so the change is no
+// reload bug: it is a property of the forward, and the protocol tells the
+// two apart by asking a cold load of the same checkpoint, traced, on the
+// same input: if it runs the retrace's ops, and the capture read a value
+// on the host before the first op that changed (without which no value
+// could have chosen the ops: a reload that moved work from its
+// post-processing into the forward changes ops from the first), the
+// sequence follows the weights. The reads before the first changed op
+// are still compared, and every named tensor's location; the replay of
+// the capture (one routing) is not compared with a forward that routes
+// otherwise. Otherwise the change is the reload's, and a violation.
+bool ForwardChecks::sequence_follows_the_weights(const trace::CheckingRetrace& retrace,
+                                                 const Checkpoint& ckpt) {
+  const at::Tensor x = mode_.input().clone();  // the aside forward may write its input
+  trace::ReadTrace cold;
+  mode_.cold_forward_aside(ckpt, x);
+  cold.stop();
+  return capture_.forward->follows_values(retrace, cold.ops());
+}
+
+void ForwardChecks::warn_sequence_follows_the_weights(const trace::ReadChange& change) {
+  if (warned_sequence_) return;
+  warned_sequence_ = true;
+  report_.warnings.push_back(
+      Warning{std::string(kOpSequence), "",
+              "the forward's ops follow the weights' values (" + change.what +
+                  (change.before.empty() ? "" : ": " + change.before + " -> " + change.after) +
+                  ", and a cold load of the same checkpoint runs the same ops): control flow that "
+                  "reads tensor values (an MoE loop over the experts that got tokens) cannot be "
+                  "captured as one CUDA graph; named tensors and the reads before that op are "
+                  "checked, the capture's replay is not"});
+}
+
+// `retraced`: the retraced forward's output, when the retrace made exactly
+// the captured calls (CapturedForward::replays_as). After the first
+// reload's replay has run, that output is taken as the replay's instead of
+// running the ops again: the same ops on the same bytes (Note [A retrace
+// that is its own replay] in capture.cc). `retraced_close`: whether that
+// output is close to `expected` (check() has compared them).
+void ForwardChecks::check_replay(int r, const at::Tensor& expected, const at::Tensor* retraced,
+                                 bool retraced_close) {
+  std::optional<at::Tensor> replayed;
+  std::string why;
+  bool replayed_close = false;
+  if (retraced != nullptr && replayed_once_) {
+    replayed = *retraced;
+    replayed_close = retraced_close;
+  } else {
+    replayed = capture_.forward->replay(&why);
+    if (replayed) replayed_close = close(*replayed, expected);
+  }
+  if (!replayed) {
+    if (r == 1) report_.warnings.push_back(Warning{"replay", "", "not replayed: " + why});
+    return;
+  }
+  replayed_once_ = true;
+  if (!replayed_close) {
+    ViolationSink& sink = mode_.sink();
+    sink.add(r, "replay", "the captured ops, replayed, differ from a cold load (a stale read)",
+             "cold load", sink.listing() ? max_diff(*replayed, expected) : "");
+  }
+}
+
+}  // namespace reloadsafe::harness

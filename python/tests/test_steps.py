@@ -1,0 +1,57 @@
+"""check_reload's harness-step keywords come from the C++ step table
+(conformance/harness/step_table.cc through _C.step_table()): each step is a
+keyword with its default in the signature and a line in the docstring, and a
+value it cannot take, or a keyword no step has, is refused naming it."""
+import inspect
+
+import pytest
+import torch
+
+from reloadsafe import ReloadCheckError, _C, check_reload
+
+X = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+
+
+def _layer():
+    return torch.nn.Linear(8, 8, bias=False)
+
+
+@pytest.mark.parametrize("spec", _C.step_table(), ids=lambda s: s.name)
+def test_every_step_is_a_keyword_with_its_default_and_its_doc(spec):
+    parameter = inspect.signature(check_reload).parameters[spec.name]
+    assert parameter.kind is inspect.Parameter.KEYWORD_ONLY
+    assert parameter.default is (False if spec.takes == "switch" else None)
+    assert spec.help in " ".join((check_reload.__doc__ or "").split())
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, says",
+    [
+        ({"hibernate": True}, TypeError, "unexpected keyword argument 'hibernate' (the harness steps are sleep"),
+        ({"compare_state": 1}, ReloadCheckError, "compare_state is a switch: pass True or False, got 1"),
+        ({"sleep": 3}, ReloadCheckError, "sleep must be one of (1, 2)"),
+        ({"sleep": True}, ReloadCheckError, "sleep must be one of (1, 2)"),
+        ({"reload_peak_budget_bytes": -1}, ReloadCheckError, "reload_peak_budget_bytes must be at least 0"),
+    ],
+)
+def test_a_step_value_it_cannot_take_is_refused_naming_it(kwargs, error, says):
+    with pytest.raises(error) as raised:
+        check_reload(_layer, X, reloads=1, **kwargs)
+    assert says in str(raised.value)
+
+
+def test_a_step_left_at_its_default_is_not_taken_and_one_asked_for_runs():
+    plain = check_reload(_layer, X, reloads=2, compare_state=False, sleep=None)
+    assert plain.ok, plain.table()
+    stepped = check_reload(_layer, X, reloads=2, compare_state=True, sleep=2)
+    assert stepped.ok, stepped.table()
+    # What the run was given (the report keeps the run's options for its JSON).
+    assert stepped._options.steps.values() == {"compare_state": 1, "sleep": 2}
+    assert not plain._options.steps.any()
+
+
+def test_the_cpp_table_refuses_a_name_it_lacks():
+    with pytest.raises(RuntimeError, match="no harness step is named 'hibernate'"):
+        _C.check_steps(_C.ReloadSteps().set("hibernate"))
+    merged = _C.merge_steps(_C.ReloadSteps().set("sleep", 1), _C.ReloadSteps().set("sleep", 2))
+    assert merged.get("sleep") == 2
