@@ -75,7 +75,7 @@ class Backend {
 
   /// Host numbers (int, float) the forward reads from the layer or from a
   /// kernel object, by the names the engine gives them ("_k_scale_float"):
-  /// the host_numbers and compare_state steps check them (run_options.h).
+  /// the host_numbers and compare_state steps check them (step_table.h).
   /// C++ has no walker to find them, so the backend lists them.
   virtual std::vector<NamedNumber> host_numbers(const Layer& /*layer*/) const { return {}; }
 
@@ -94,6 +94,12 @@ class Backend {
   /// Steps every run of this backend takes besides the run's own (a
   /// backend whose bug shows only after a sleep asks for one).
   virtual ReloadSteps steps() const { return {}; }
+
+  /// True for a backend whose forward's output does not depend on its
+  /// weights for the drawn input: the protocol then runs it although two
+  /// checkpoints give one output (Note [A check that tests nothing] in
+  /// cold_start.cc, which refuses such a forward by default).
+  virtual bool output_ignores_weights() const { return false; }
 
   /// The modes in which the backend is expected to keep every address.
   virtual std::vector<ReloadMode> modes() const {

@@ -178,6 +178,7 @@ SubjectInfo BackendSubject::info() const {
   info.expected_violation = backend_.expected_violation();
   info.memory_tolerance_bytes = backend_.memory_tolerance_bytes();
   info.steps = backend_.steps();
+  info.constant_output_allowed = backend_.output_ignores_weights();
   return info;
 }
 

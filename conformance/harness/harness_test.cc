@@ -436,7 +436,11 @@ TEST(ReloadHarness, AForwardThatThrowsIsThatBackendsErrorAndLeavesNoTraceBehind)
   }
   EXPECT_FALSE(report.ok());
   EXPECT_FALSE(c10::impl::tls_is_dispatch_key_included(trace::kTraceKey));
-  EXPECT_NE(to_table({report}).find("error: kernel not built"), std::string::npos);
+  // Named by the step of the cold load that raised, and the seeds it drew with.
+  EXPECT_NE(to_table({report}).find("error: the cold load's forward (checkpoint seed 1, input seed "
+                                    "7920) raised kernel not built"),
+            std::string::npos)
+      << to_table({report});
   // The next backend runs as usual.
   for (const auto& backend : BackendRegistry::instance().create_all()) {
     if (backend->name() == "transposed") {
@@ -445,8 +449,50 @@ TEST(ReloadHarness, AForwardThatThrowsIsThatBackendsErrorAndLeavesNoTraceBehind)
   }
 }
 
+// Two checkpoints give it one output: a check of it would test nothing
+// (Note [A check that tests nothing]), refused once for the run, each mode's
+// error.
 TEST(ReloadHarness, AForwardThatReadsNoWeightIsReportedAsSuch) {
   BackendReport report = run_backend(ReadsNoWeight(), quick());
+  for (const auto& mode : report.modes) {
+    EXPECT_NE(mode.error.find("the forward gives the same output (shape [2, 4]) for two different "
+                              "checkpoints (checkpoint seeds 1 and 1000004)"),
+              std::string::npos)
+        << mode.error;
+    EXPECT_NE(mode.error.find("Backend::output_ignores_weights"), std::string::npos) << mode.error;
+  }
+  EXPECT_FALSE(report.ok());
+}
+
+// A backend that says its output ignores its weights is run: here its
+// forward reads none, which the trace then names.
+class SaysItIgnoresItsWeights : public ReadsNoWeight {
+ public:
+  bool output_ignores_weights() const override { return true; }
+};
+
+TEST(ReloadHarness, ABackendThatSaysItsOutputIgnoresItsWeightsIsRun) {
+  BackendReport report = run_backend(SaysItIgnoresItsWeights(), quick());
+  for (const auto& mode : report.modes) {
+    EXPECT_NE(mode.error.find("reads no tensor besides its input"), std::string::npos)
+        << mode.error;
+  }
+}
+
+// A forward that reads its weights without the dispatcher: the outputs
+// differ, and the trace sees no read of them.
+class ReadsWeightsUnseen : public BadBackend {
+ public:
+  std::string name() const override { return "reads_weights_unseen"; }
+  std::string description() const override { return "reads the weight's bytes by pointer"; }
+  at::Tensor forward(const Layer& l, const at::Tensor& x) const override {
+    const float w = *l.get("weight").const_data_ptr<float>();  // no op: the trace cannot see it
+    return x * 2 + static_cast<double>(w);
+  }
+};
+
+TEST(ReloadHarness, AForwardWhoseReadsTheTraceCannotSeeIsReportedAsSuch) {
+  BackendReport report = run_backend(ReadsWeightsUnseen(), quick());
   for (const auto& mode : report.modes) {
     EXPECT_NE(mode.error.find("reads no tensor besides its input"), std::string::npos)
         << mode.error;
@@ -485,7 +531,12 @@ TEST(ReloadHarness, ABackendWithoutACheckpointParameterIsToldHowToDeclareOne) {
   }
   const BackendReport report = run_backend(backend, quick());
   ASSERT_EQ(report.modes.size(), 2u);
-  for (const auto& mode : report.modes) EXPECT_EQ(mode.error, says) << to_string(mode.mode);
+  for (const auto& mode : report.modes) {
+    EXPECT_EQ(
+        mode.error,
+        "drawing the cold load's checkpoint (checkpoint seed 1, input seed 7920) raised " + says)
+        << to_string(mode.mode);
+  }
 }
 
 // A correct backend that counts the layers the harness asks it for.

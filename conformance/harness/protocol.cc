@@ -3,6 +3,7 @@
 #include "conformance/harness/protocol.h"
 
 #include "conformance/harness/cold_loads.h"
+#include "conformance/harness/cold_start.h"
 #include "conformance/harness/device_graph.h"
 #include "conformance/harness/forward_checks.h"
 #include "conformance/harness/layer_life.h"
@@ -20,6 +21,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <memory>
@@ -82,35 +84,6 @@ at::Tensor draw_run_input(ReloadSubject& subject, const RunOptions& options) {
   return subject.draw_input(input_seed(options.seed)).to(options.device);
 }
 
-// The live layer every capture starts from: a cold load of the run's first
-// checkpoint, and its warm-up, the forward run on `x`. `loaded`, if given,
-// runs between the two: what the layer holds then is what its load made.
-std::shared_ptr<SubjectLayer> cold_load_and_warm_up(
-    ReloadSubject& subject, const RunOptions& options, const at::Tensor& x, bool under_trace,
-    const std::function<void(const std::shared_ptr<SubjectLayer>&)>& loaded = {}) {
-  std::shared_ptr<SubjectLayer> layer = cold_loaded(subject, subject.draw_checkpoint(options.seed));
-  if (loaded) loaded(layer);
-  // Engines run the forward before they capture; state it makes and keeps
-  // (a workspace, a first-forward repack) belongs to the capture.
-  layer->forward(x);
-  if (options.trace && under_trace) {
-    // Note [A warm-up under the trace's key]
-    // Code that depends on the thread's dispatch keys runs otherwise under
-    // the trace, whose key is on: torch.compile's guards include the keys,
-    // so a compiled function compiles a variant of its own the first time
-    // it runs traced, and that variant's first run takes paths later runs
-    // do not (AOTAutograd's first call). An engine warms up every variant it
-    // captures; the protocol warms this one up too, under a trace that
-    // records nothing beyond the top-level calls and is dropped, so the
-    // capture sees what every later forward runs. Only for a subject that
-    // says its forward may be such code (SubjectInfo::warm_up_under_trace):
-    // for any other it is a forward more, and nothing to see.
-    trace::ReadTrace warm_up(trace::ReadTrace::Options{/*nested=*/false, /*hook=*/nullptr});
-    layer->forward(x);
-  }
-  return layer;
-}
-
 // Appends `e`'s whole message, every line of it, to `report`'s error, after
 // any earlier one on a line of its own. A c10 error gives its message
 // without the C++ backtrace LibTorch appends (frames inside LibTorch that
@@ -123,28 +96,57 @@ void append_error(ModeReport& report, const std::string& prefix, const std::exce
   report.error += valid_utf8(prefix + what);
 }
 
+// The device graph step (device_graph.h): the live forward captured as a
+// graph once, after the trace capture. A forward that cannot be captured is
+// a violation (null returned): an engine could not capture it either.
+std::unique_ptr<CapturedDeviceGraph> capture_graph(const c10::Device& device, SubjectLayer& live,
+                                                   const at::Tensor& x, ViolationSink& sink) {
+  const DeviceGraphCapture capture = device_graph_capture(device.type());
+  TORCH_CHECK(capture != nullptr, "the protocol on ", device.str(), " needs its graph step, and ",
+              cuda_unavailable_reason());
+  try {
+    return capture(device, [&] { return live.forward(x); });
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    sink.add(0, "cuda graph", "capture failed", "", what.substr(0, what.find('\n')));
+    return nullptr;
+  }
+}
+
+// What the modes of one run share: the subject's info, with what the first
+// mode learnt (free names), the run's input (drawn by the first mode to
+// start and never handed to the subject: each mode hands the forward a copy
+// and keeps this one to tell whether the forward wrote its input), the
+// cold-load outputs kept for the next mode, and whether the run's one-time
+// checks ran and what they refused.
+struct RunShared {
+  SubjectInfo info;
+  ColdLoadOutputs cold_loads;
+  at::Tensor input;
+  bool checked_once = false;
+  std::string refused;  // what the one-time checks refused, if anything
+};
+
 // One mode of the protocol: start (cold load, warm-up, baseline, capture),
 // one check per reload, then memory; the run's steps (step.h) hooked in at
 // each phase.
 class ModeRun final : public ModeContext {
  public:
-  // `input`: the run's input (draw_run_input), drawn by the first mode to
-  // start and never handed to the subject: each mode hands the forward a
-  // copy and keeps this one to tell whether the forward wrote its input.
-  ModeRun(ReloadSubject& subject, const SubjectInfo& info, ReloadMode mode,
-          const RunOptions& options, ColdLoadOutputs& cold_loads, at::Tensor& input)
+  ModeRun(ReloadSubject& subject, RunShared& shared, ReloadMode mode, const RunOptions& options)
       : subject_(subject),
-        info_(info),
+        shared_(shared),
+        info_(shared.info),
         options_(options),
         mode_(mode),
-        input_(input),
+        input_(shared.input),
         sink_(report_, options.max_listed),
-        steps_(make_steps(merge_steps(options.steps, info.steps))),
-        memory_(options, info, cold_loads, report_),
-        forward_(*this, report_, cold_loads, x_) {
+        steps_(merge_steps(options.steps, shared.info.steps)),
+        step_objects_(make_steps(steps_)),
+        memory_(options, shared.info, shared.cold_loads, report_),
+        forward_(*this, report_, shared.cold_loads, x_) {
     report_.mode = mode;
     report_.expected_to_pass =
-        std::find(info.modes.begin(), info.modes.end(), mode) != info.modes.end();
+        std::find(info_.modes.begin(), info_.modes.end(), mode) != info_.modes.end();
   }
 
   ModeReport run() {
@@ -204,39 +206,61 @@ class ModeRun final : public ModeContext {
       run();
       return true;
     } catch (const std::exception& e) {
-      const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-      std::string raised = c10_error ? c10_error->what_without_backtrace() : e.what();
-      raised = raised.substr(0, raised.find('\n'));
       std::string when = "at reload " + std::to_string(r);
-      for (const auto& step : steps_) {
+      for (const auto& step : step_objects_) {
         const std::string circumstance = step->circumstance();
         if (!circumstance.empty()) when += ", " + circumstance;
       }
       sink_.add(r, "reload", what + " raised where the cold load did not (" + when + ")", "",
-                valid_utf8(raised));
+                raised_text(e));
       stopped_ = true;
       return false;
     }
   }
 
  private:
+  // Note [The cold load a run starts from]
   void start() {
-    if (!input_.defined()) input_ = draw_run_input(subject_, options_);
+    const uint64_t seed = options_.seed;
+    const std::string seeds = "checkpoint seed " + std::to_string(seed) + ", input seed " +
+                              std::to_string(input_seed(seed));
+    if (!input_.defined()) {
+      input_ = in_stage("drawing the input (" + seeds + ")",
+                        [&] { return draw_run_input(subject_, options_); });
+    }
     x_ = input_.clone();
-    cold_load_and_warm_up(subject_, options_, x_, info_.warm_up_under_trace,
-                          [&](const std::shared_ptr<SubjectLayer>& layer) {
-                            live_ = layer;
-                            for (const auto& step : steps_) step->cold_loaded(*this);
-                          });
+    {  // the checkpoint is let go of before the baseline: what the layer keeps of it counts
+      const Checkpoint ckpt = in_stage("drawing the cold load's checkpoint (" + seeds + ")",
+                                       [&] { return subject_.draw_checkpoint(seed); });
+      live_ = in_stage("the cold load's load or post-processing (" + seeds + ")",
+                       [&] { return cold_loaded(subject_, ckpt); });
+      for (const auto& step : step_objects_) step->cold_loaded(*this);
+      const at::Tensor out = in_stage("the cold load's forward (" + seeds + ")", [&] {
+        return warm_up(*live_, x_, options_.trace && info_.warm_up_under_trace);
+      });
+      if (!shared_.checked_once) {
+        shared_.checked_once = true;
+        try {
+          refuse_a_check_that_tests_nothing(*this, shared_.cold_loads, ckpt, out);
+          if (takes_kind(steps_, StepKind::kCheck)) {
+            free_numbers_no_load_decides(*this, ckpt, shared_.info.free_names);
+          }
+        } catch (const c10::Error& e) {
+          shared_.refused = e.what_without_backtrace();
+        }
+      }
+      // What the run's one-time checks refused is every mode's error.
+      if (!shared_.refused.empty()) C10_THROW_ERROR(Error, shared_.refused);
+    }
     const auto bytes = at::TensorOptions().dtype(at::kByte);
     canary_ = at::full({kCanaryBytes}, kCanaryByte, bytes.device(options_.device));
     canary_bytes_ = at::full({kCanaryBytes}, kCanaryByte, bytes);
     // The declared baseline is taken after the warm-up, as the capture is;
     // so is every step's.
     declared_ = declared_locations(live_->named_tensors());
-    for (const auto& step : steps_) step->started(*this);
+    for (const auto& step : step_objects_) step->started(*this);
     forward_.capture();
-    if (!options_.device.is_cpu()) capture_graph();
+    if (!options_.device.is_cpu()) graph_ = capture_graph(options_.device, *live_, x_, sink_);
     memory_.start();
   }
 
@@ -248,10 +272,10 @@ class ModeRun final : public ModeContext {
     std::map<std::string, Snapshot> pristine;
     for (const auto& [n, t] : ckpt) pristine.emplace(n, Snapshot(t));
     const Reload reload{r, ckpt, memory_.live_bytes() - before_draw};
-    for (const auto& step : steps_) {
+    for (const auto& step : step_objects_) {
       if (!step->before_reload(*this, reload)) return;
     }
-    for (const auto& step : steps_) step->before_load(*this, reload);
+    for (const auto& step : step_objects_) step->before_load(*this, reload);
     const bool reloaded = layer_step_runs(r, "the reload", [&] {
       DirectReloadScope direct(mode_ == ReloadMode::kDirect);
       std::optional<trace::Quarantine::Capturing> capturing;
@@ -260,7 +284,7 @@ class ModeRun final : public ModeContext {
       live_->process();
     });
     if (!reloaded) return;
-    for (const auto& step : steps_) step->after_load(*this, reload);
+    for (const auto& step : step_objects_) step->after_load(*this, reload);
     report_.reloads_done = r;
     // The graph replays first, before any other forward runs on the device:
     // what it reads is what the reload left (Note [Device quarantine]).
@@ -274,7 +298,7 @@ class ModeRun final : public ModeContext {
     // writes is not the reload's (and the capture's replay may write the
     // live layer's tensors). After the graph's replay, as every step that
     // allocates on the device is.
-    for (const auto& step : steps_) step->after_reload(*this, reload);
+    for (const auto& step : step_objects_) step->after_reload(*this, reload);
     compare_declared(declared_, declared_locations(live_->named_tensors()), r, sink_);
     for (const auto& [n, t] : ckpt) {
       // The loaders and post-processing must not write into the checkpoint.
@@ -283,34 +307,21 @@ class ModeRun final : public ModeContext {
     if (!same_bytes(x_, input_)) sink_.add(r, "input", "bytes changed", "", "");
     if (!same_bytes(canary_, canary_bytes_)) sink_.add(r, "canary", "bytes changed", "", "");
     forward_.check(reload, replayed_graph, [&] {
-      for (const auto& step : steps_) step->after_forward(*this, reload);
+      for (const auto& step : step_objects_) step->after_forward(*this, reload);
     });
   }
 
-  // The device graph step (device_graph.h): the live forward captured as a
-  // graph once, after the trace capture. A forward that cannot be captured
-  // is a violation: an engine could not capture it either.
-  void capture_graph() {
-    const DeviceGraphCapture capture = device_graph_capture(options_.device.type());
-    TORCH_CHECK(capture != nullptr, "the protocol on ", options_.device.str(),
-                " needs its graph step, and ", cuda_unavailable_reason());
-    try {
-      graph_ = capture(options_.device, [&] { return live_->forward(x_); });
-    } catch (const std::exception& e) {
-      const std::string what = e.what();
-      sink_.add(0, "cuda graph", "capture failed", "", what.substr(0, what.find('\n')));
-    }
-  }
-
   ReloadSubject& subject_;
-  const SubjectInfo& info_;
+  RunShared& shared_;
+  const SubjectInfo& info_;  // shared_.info
   const RunOptions& options_;
   const ReloadMode mode_;
   at::Tensor& input_;  // the run's input as drawn, which x_ must still equal
   at::Tensor x_;       // the copy of input_ the forward is handed
   ModeReport report_;
   ViolationSink sink_;
-  const std::vector<std::unique_ptr<Step>> steps_;  // in step-table order
+  const ReloadSteps steps_;                                // the run's and the subject's
+  const std::vector<std::unique_ptr<Step>> step_objects_;  // steps_, in step-table order
   ModeMemory memory_;
   ForwardChecks forward_;
   std::shared_ptr<SubjectLayer> live_;   // the layer the mode reloads
@@ -335,10 +346,9 @@ BackendReport run_subject(ReloadSubject& subject, const RunOptions& options) {
   // freed blocks]), across both modes.
   std::optional<trace::ReuseCache> reuse;
   if (options.device.is_cpu()) reuse.emplace();
-  ColdLoadOutputs cold_loads(/*keep=*/options.device.is_cpu());
-  at::Tensor input;
+  RunShared shared{info, ColdLoadOutputs(/*keep=*/options.device.is_cpu()), {}, false, {}};
   for (ReloadMode mode : {ReloadMode::kNormal, ReloadMode::kDirect}) {
-    report.modes.push_back(ModeRun(subject, info, mode, options, cold_loads, input).run());
+    report.modes.push_back(ModeRun(subject, shared, mode, options).run());
   }
   return report;
 }
@@ -346,8 +356,8 @@ BackendReport run_subject(ReloadSubject& subject, const RunOptions& options) {
 std::vector<CapturedRead> captured_reads(ReloadSubject& subject, const RunOptions& options) {
   const at::Tensor x = draw_run_input(subject, options);
   CachesEmptied caches(subject);
-  std::shared_ptr<SubjectLayer> layer =
-      cold_load_and_warm_up(subject, options, x, subject.info().warm_up_under_trace);
+  std::shared_ptr<SubjectLayer> layer = cold_loaded(subject, subject.draw_checkpoint(options.seed));
+  warm_up(*layer, x, options.trace && subject.info().warm_up_under_trace);
   std::vector<CapturedRead> reads;
   {
     const ForwardCapture c = capture_forward(*layer, x);

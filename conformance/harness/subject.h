@@ -73,8 +73,17 @@ struct SubjectInfo {
   bool warm_up_under_trace = false;
   /// Names whose values the subject says may change freely (a workspace, a
   /// counter; Python's `undeclared`): left out of every comparison of
-  /// values (layer states, host numbers).
+  /// values (layer states, host numbers). A run adds the host numbers that
+  /// no load decides (Note [Numbers that no load decides] in protocol.cc).
   std::vector<std::string> free_names;
+  /// The forward's output may ignore the weights for the drawn input: the
+  /// protocol then does not refuse a forward that gives one output for two
+  /// different checkpoints (Note [A check that tests nothing]).
+  bool constant_output_allowed = false;
+  /// What usually makes a forward ignore what the load wrote, in the
+  /// subject's language, and how to allow it where it is meant (for the
+  /// refusal's message); empty: the C++ advice.
+  std::string constant_output_hint;
 };
 
 /// One layer a subject built: load, post-process, forward, and what it holds

@@ -195,6 +195,8 @@ class SubjectInfo:
     steps: ReloadSteps
     warm_up_under_trace: bool
     free_names: list[str]
+    constant_output_allowed: bool
+    constant_output_hint: str
 
 class SubjectLayer:
     """Derive in Python and override load, process, forward and

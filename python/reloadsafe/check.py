@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import torch
 
+from . import device_clean as _device_clean
 from ._loader import _C
 from .compiler import watch_compilations
 from .errors import ReloadCheckError
@@ -31,10 +32,9 @@ from .layer_subject import (
     ProcessFn,
     whole_number,
 )
-from .preflight import preflight
 from .report import ReloadReport
 from .sleep import Caches
-from .steps import reads_numbers, reload_steps, step_parameters, steps_doc
+from .steps import reload_steps, step_parameters, steps_doc
 
 __all__ = ["check_reload", "ReloadReport", "MODES"]
 
@@ -198,9 +198,10 @@ def check_reload(
         if own_sleep is not None:
             subject.own_sleep = own_sleep
         watch_compilations()  # torch.compile's compilations are not the forward's work
-        preflight(subject, device_clean=device_clean,
-                  numbers=reads_numbers(options.steps))
         report = _C.run_subject(subject, options)
+        _raise_for_a_cold_load_that_failed(subject, report)
+        if device_clean:
+            _device_clean.probe(subject, subject.build_layer(), subject.draw_input(0))
         layout = "" if report.ok() else subject.layout_hint()
     result = ReloadReport(report, options, [layout] if layout else [])
     culprit = _name_the_culprit(result, arguments)
@@ -222,6 +223,32 @@ check_reload.__signature__ = inspect.signature(check_reload).replace(  # type: i
     parameters=[p for p in inspect.signature(check_reload).parameters.values()
                 if p.kind is not inspect.Parameter.VAR_KEYWORD] + step_parameters())
 check_reload.__doc__ = (check_reload.__doc__ or "").rstrip() + "\n\n" + textwrap.indent(steps_doc(), "    ") + "\n"
+
+
+def _raise_for_a_cold_load_that_failed(subject: LayerSubject, report: Any) -> None:
+    """Bad input is raised, not reported: when the first mode's cold load
+    (drawing its input and checkpoint, the load and post-processing, the
+    forward, the capture) failed before any reload, the layer or the input
+    is what to fix (Note [The cold load a run starts from] in
+    conformance/harness/cold_start.h). A ReloadCheckError a step of the layer
+    raised is raised as it is (it says what to fix); any other failure as a
+    ReloadCheckError with the protocol's message, which names the step and
+    the seeds, and what the layer held off the check's device."""
+    first = report.modes[0]
+    if not first.error or first.reloads_done > 0:
+        return
+    raised = subject.raised
+    if isinstance(raised, ReloadCheckError):
+        raise raised
+    x = subject.example_input if isinstance(subject.example_input, torch.Tensor) else None
+    hint = subject.layout_hint()
+    message = (f"check_reload: {subject.name}: {first.error.splitlines()[0]}. "
+               + (f"The layer mixes devices: {subject.raised_stray}. " if subject.raised_stray else "")
+               + ("Fix that step of the layer, or the example input"
+                  + (f" (shape {tuple(x.shape)}, {x.dtype})" if x is not None else "")
+                  + ", before checking reloads" if raised is not None else "")
+               + (f". {hint}" if hint and raised is not None else ""))
+    raise ReloadCheckError(message.rstrip(". ")) from raised
 
 
 #: The violations that say values differ, and name no tensor or number.

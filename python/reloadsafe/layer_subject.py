@@ -45,6 +45,31 @@ ProcessFn = Callable[[torch.nn.Module], None]
 ForwardFn = Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
 
 
+def _noting_raises(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` of a LayerSubject or a LayerHandle, noting on the subject
+    the first exception a step of the layer raised (and what the layer then
+    held off the check's device), for the error check.py raises when the
+    protocol could not make its cold load. The exception still propagates:
+    the protocol decides what it is (Note [The cold load a run starts from],
+    Note [A reload that raises])."""
+
+    @functools.wraps(method)
+    def noting(self: Any, *args: Any) -> Any:
+        try:
+            return method(self, *args)
+        except Exception as e:
+            subject = self if isinstance(self, LayerSubject) else self.subject
+            if subject.raised is None:
+                from .device_clean import stray  # the error's reader only
+
+                subject.raised = e
+                module = getattr(self, "module", None)
+                subject.raised_stray = stray(module, subject.device) if module is not None else ""
+            raise
+
+    return noting
+
+
 class LayerSubject(_C.ReloadSubject):
     """A Python layer as the protocol's subject (conformance/harness/subject.h):
     check_reload's arguments about the layer, validated here and nowhere
@@ -119,8 +144,12 @@ class LayerSubject(_C.ReloadSubject):
         # number there (vLLM's quant_config counting quantization time)
         # changes with every layer built, the check's own included.
         self.shared = tuple(shared_object_names(probe, self.build_layer()))
-        # Numbers two cold loads of one checkpoint disagree on (preflight).
-        self.volatile: frozenset[str] = frozenset()
+        self.kind = type(probe).__name__
+        # What a step of the layer raised first, and the tensors the layer
+        # then held off the check's device: for the error of a cold load the
+        # protocol could not make (check.py).
+        self.raised: BaseException | None = None
+        self.raised_stray = ""
         n_weights = sum(1 for _ in probe.parameters()) + sum(1 for _ in probe.buffers())
         if n_weights == 0:
             raise ReloadCheckError(
@@ -153,10 +182,20 @@ class LayerSubject(_C.ReloadSubject):
         # for the thread's dispatch keys: warmed up under the trace's key too.
         info.warm_up_under_trace = "torch._dynamo" in sys.modules
         # Left out of every comparison of values: what the author marked as
-        # free to change, and numbers no load decides (preflight).
-        info.free_names = sorted(self.undeclared | self.volatile)
+        # free to change (the protocol adds the numbers no load decides).
+        info.free_names = sorted(self.undeclared)
+        # Note [A check that tests nothing] (cold_start.h): the refusal's
+        # advice, in Python's terms.
+        info.constant_output_allowed = self.allow_constant_output
+        info.constant_output_hint = (
+            "A module instance whose functions or closures hold its own tensors is the usual cause: "
+            "deepcopy shares functions, so each copy the check makes reads the instance's tensors, "
+            f"never loaded; pass a factory that builds the layer (check_reload(lambda: {self.kind}(...), "
+            "...)). For a layer whose output truly does not depend on its weights for this input, "
+            "pass allow_constant_output=True")
         return info
 
+    @_noting_raises
     def new_layer(self) -> LayerHandle:
         return LayerHandle(self, self.build_layer())
 
@@ -203,6 +242,7 @@ class LayerSubject(_C.ReloadSubject):
             return layer._apply(lambda t: t if t.is_meta else t.to(self.device))
         return layer.to(self.device)
 
+    @_noting_raises
     def draw_checkpoint(self, seed: int) -> Checkpoint:
         if self.user_checkpoint is None:
             return self.drawer(seed)
@@ -284,6 +324,7 @@ class LayerSubject(_C.ReloadSubject):
             )
         return out
 
+    @_noting_raises
     def draw_input(self, seed: int) -> torch.Tensor:
         x = self.example_input(seed) if callable(self.example_input) else self.example_input
         if not isinstance(x, torch.Tensor):
@@ -309,9 +350,11 @@ class LayerHandle(_C.SubjectLayer):
         self.module = module
         self.loads = 0
 
+    @_noting_raises
     def load(self, ckpt: Checkpoint) -> None:
         self.subject.load(self.module, ckpt)
 
+    @_noting_raises
     def process(self) -> None:
         self.subject.process(self.module)
         self.loads += 1
@@ -320,6 +363,7 @@ class LayerHandle(_C.SubjectLayer):
         else:
             gc.collect()  # storages a reload left only to reference cycles are freed before the census
 
+    @_noting_raises
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.subject.run_forward(self.module, x)
 

@@ -331,7 +331,9 @@ void bind_protocol(py::module_& m) {
       .def_readonly("memory_tolerance_bytes", &SubjectInfo::memory_tolerance_bytes)
       .def_readonly("steps", &SubjectInfo::steps)
       .def_readwrite("warm_up_under_trace", &SubjectInfo::warm_up_under_trace)
-      .def_readwrite("free_names", &SubjectInfo::free_names);
+      .def_readwrite("free_names", &SubjectInfo::free_names)
+      .def_readwrite("constant_output_allowed", &SubjectInfo::constant_output_allowed)
+      .def_readwrite("constant_output_hint", &SubjectInfo::constant_output_hint);
 
   py::class_<SubjectLayer, PySubjectLayer>(m, "SubjectLayer")
       .def(py::init<>())

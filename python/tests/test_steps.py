@@ -7,7 +7,7 @@ import inspect
 import pytest
 import torch
 
-from reloadsafe import ReloadCheckError, _C, check_reload
+from reloadsafe import _C, ReloadCheckError, check_reload
 
 X = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
 

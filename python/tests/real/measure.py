@@ -6,7 +6,7 @@ every layer in real_layers.py, as a table.
         python/tests/real/measure.py [--reloads 10] [--repeat 3]
 
 The time is the median of ``--repeat`` runs of the whole check (both modes,
-preflight included). A layer whose library is missing is listed as skipped.
+every cold load included). A layer whose library is missing is listed as skipped.
 """
 from __future__ import annotations
 
