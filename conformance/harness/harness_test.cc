@@ -3,6 +3,7 @@
 #include "conformance/harness/report_format.h"
 
 #include "conformance/trace/read_trace.h"
+#include "conformance/trace/trace_key.h"
 
 #include <ATen/Context.h>
 #include <ATen/core/Tensor.h>

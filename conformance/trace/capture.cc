@@ -2,9 +2,9 @@
 
 #include "conformance/trace/capture.h"
 
-#include "conformance/trace/call_match.h"
-#include "conformance/trace/call_state.h"
-#include "conformance/trace/op_arguments.h"
+#include "conformance/trace/internal/call_match.h"
+#include "conformance/trace/internal/call_state.h"
+#include "conformance/trace/internal/op_arguments.h"
 #include "conformance/trace/sparse_parts.h"
 
 #include <ATen/core/stack.h>

@@ -1,6 +1,6 @@
 #include "conformance/trace/capture.h"
 
-#include "conformance/trace/call_match.h"
+#include "conformance/trace/internal/call_match.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/TensorOperators.h>

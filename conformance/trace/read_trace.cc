@@ -14,11 +14,11 @@
 
 #include "conformance/trace/read_trace.h"
 
-#include "conformance/trace/call_match.h"
+#include "conformance/trace/internal/call_match.h"
+#include "conformance/trace/internal/object_tensors.h"
+#include "conformance/trace/internal/op_arguments.h"
+#include "conformance/trace/internal/op_names.h"
 #include "conformance/trace/memory_census.h"
-#include "conformance/trace/object_tensors.h"
-#include "conformance/trace/op_arguments.h"
-#include "conformance/trace/op_names.h"
 
 #include <ATen/core/stack.h>
 #include <c10/macros/Macros.h>

@@ -14,7 +14,7 @@
 // tensors, on purpose.
 #pragma once
 
-#include "conformance/trace/call_state.h"
+#include "conformance/trace/internal/call_state.h"
 #include "conformance/trace/tensor_location.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>

@@ -10,6 +10,7 @@
 #include "conformance/trace/memory_census.h"
 #include "conformance/trace/read_trace.h"
 #include "conformance/trace/sparse_parts.h"
+#include "conformance/trace/trace_records.h"
 
 #include <cstdint>
 #include <memory>

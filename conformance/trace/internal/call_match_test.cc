@@ -1,6 +1,6 @@
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 
-#include "conformance/trace/call_match.h"
+#include "conformance/trace/internal/call_match.h"
 
 #include "conformance/trace/read_trace.h"
 

@@ -1,9 +1,9 @@
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 
-#include "conformance/trace/call_match.h"
+#include "conformance/trace/internal/call_match.h"
 
-#include "conformance/trace/op_arguments.h"
-#include "conformance/trace/op_names.h"
+#include "conformance/trace/internal/op_arguments.h"
+#include "conformance/trace/internal/op_names.h"
 
 #include <cstring>
 #include <functional>

@@ -1,6 +1,6 @@
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 
-#include "conformance/trace/op_names.h"
+#include "conformance/trace/internal/op_names.h"
 
 #include <array>
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include "conformance/trace/call_state.h"
+#include "conformance/trace/internal/call_state.h"
 
 #include <ATen/autocast_mode.h>
 

@@ -1,6 +1,6 @@
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 
-#include "conformance/trace/object_tensors.h"
+#include "conformance/trace/internal/object_tensors.h"
 
 #include "conformance/trace/trace_key.h"
 
