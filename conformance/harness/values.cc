@@ -2,7 +2,7 @@
 
 #include "conformance/harness/values.h"
 
-#include "conformance/harness/all_close.h"
+#include "conformance/harness/internal/all_close.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
