@@ -112,12 +112,12 @@ bool close(const at::Tensor& a, const at::Tensor& b) {
   if (packed_bits(a) || packed_bits(b)) return same_bytes(a, b);
   if (float8(a) || float8(b)) return close(a.to(at::kFloat), b.to(at::kFloat));
   // Dense float outputs in one pass (all_close.h); anything else through allclose.
-  if (std::optional<bool> fast = all_close(a, b, 1e-5, 1e-5)) return *fast;
+  if (std::optional<bool> fast = all_close(a, b, kCloseTolerance, kCloseTolerance)) return *fast;
   if (a.scalar_type() == b.scalar_type() && a.device() == b.device()) {
-    return at::allclose(a, b, 1e-5, 1e-5, /*equal_nan=*/true);
+    return at::allclose(a, b, kCloseTolerance, kCloseTolerance, /*equal_nan=*/true);
   }
-  return at::allclose(a.cpu().to(at::kDouble), b.cpu().to(at::kDouble), 1e-5, 1e-5,
-                      /*equal_nan=*/true);
+  return at::allclose(a.cpu().to(at::kDouble), b.cpu().to(at::kDouble), kCloseTolerance,
+                      kCloseTolerance, /*equal_nan=*/true);
 }
 
 }  // namespace reloadsafe::harness

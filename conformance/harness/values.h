@@ -36,10 +36,14 @@ class Snapshot {
   at::Tensor clone_;
 };
 
-/// Close within rtol = atol = 1e-5, NaN and infinities at the same places
-/// comparing equal: a layer may legitimately compute them, and a stale read
-/// of poisoned memory (Note [Poison quarantine] in memory_census.h) still
-/// differs from a cold load. Sparse and mkldnn tensors compare densely.
+/// The relative and the absolute tolerance of close().
+constexpr double kCloseTolerance = 1e-5;
+
+/// Close within rtol = atol = kCloseTolerance, NaN and infinities at the
+/// same places comparing equal: a layer may legitimately compute them, and a
+/// stale read of poisoned memory (Note [Poison quarantine] in
+/// memory_census.h) still differs from a cold load. Sparse and mkldnn tensors
+/// compare densely.
 bool close(const at::Tensor& a, const at::Tensor& b);
 
 /// "max |diff| 0.25", or "shape [2, 3] vs [3, 2]": how `a` and `b` differ.
