@@ -11,9 +11,9 @@ of --budget):
 
   load       every binary starts and the Python package imports (a part whose
              binary or package does not load is reported once and not run)
-  graph      cuda_graph_reload_test and cuda_graph_test: graph replay after 100
-             reloads per backend and mode, the device quarantine, the
-             kernel-argument audit (gtest XML)
+  graph      cuda_graph_reload_test and cuda_graph_test: graph replay after each
+             of the harness's default reloads per backend and mode, the
+             device quarantine, the kernel-argument audit (gtest XML)
   harness    reload_harness --device cuda over every registered backend: the
              protocol with its CUDA graph step (JSON)
   python     check_reload(device="cuda") on every Python sample and negative

@@ -9,21 +9,23 @@
 // flags them). The protocol's graph step itself and the quarantine have
 // tests of their own at the end.
 //
-// RELOADSAFE_GRAPH_RELOADS sets the reloads per backend and mode (default 100).
+// Seeds, reload count and tolerance are the protocol's: the seed of a run
+// with default options, its input from input_seed() and reload r's
+// checkpoint from reload_seed() (run_options.h), kDefaultReloads reloads per
+// backend and mode (RELOADSAFE_GRAPH_RELOADS sets another count), and a
+// replay compared with a cold load's forward by close() (values.h).
 #include "conformance/harness/device_graph.h"
 #include "conformance/harness/harness.h"
 #include "conformance/harness/run_options.h"
 #include "conformance/harness/step_table.h"
+#include "conformance/harness/values.h"
 #include "conformance/trace/read_trace.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGraph.h>
-#include <ATen/ops/allclose.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/ones.h>
-#include <ATen/ops/randn.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -46,7 +48,18 @@ namespace {
 
 int reloads_per_mode() {
   const char* env = std::getenv("RELOADSAFE_GRAPH_RELOADS");
-  return env != nullptr ? std::max(1, std::atoi(env)) : 100;
+  return env != nullptr ? std::max(1, std::atoi(env)) : kDefaultReloads;
+}
+
+// The seed of a protocol run with default options: the cold load's
+// checkpoint; input_seed() and reload_seed() derive the others from it.
+uint64_t run_seed() {
+  return RunOptions().seed;
+}
+
+// The input a protocol run of `seed` hands `backend`'s forward, on `device`.
+at::Tensor run_input(const Backend& backend, uint64_t seed, const c10::Device& device) {
+  return BackendSubject(backend, device).draw_input(input_seed(seed));
 }
 
 struct GraphRun {
@@ -60,9 +73,9 @@ struct GraphRun {
 // `reloads` times.
 GraphRun capture_and_reload(const Backend& backend, ReloadMode mode, int reloads) {
   const c10::Device cuda(c10::kCUDA, 0);
-  ReloadSession session(backend, cuda, /*seed=*/1);
-  at::Generator gen = at::detail::createCPUGenerator(7919);
-  const at::Tensor x = at::randn(backend.input_shape(), gen, at::kFloat).to(cuda);
+  const uint64_t seed = run_seed();
+  ReloadSession session(backend, cuda, seed);
+  const at::Tensor x = run_input(backend, seed, cuda);
   backend.forward(session.layer(), x);  // engines warm up before they capture
 
   // Where the graph's tensors are, after the warm-up (state the first
@@ -77,7 +90,7 @@ GraphRun capture_and_reload(const Backend& backend, ReloadMode mode, int reloads
 
   GraphRun run;
   for (int r = 1; r <= reloads; ++r) {
-    const Checkpoint ckpt = session.draw_checkpoint(reload_seed(static_cast<int>(mode), r));
+    const Checkpoint ckpt = session.draw_checkpoint(reload_seed(seed, r));
     session.reload(mode, ckpt);
     for (const auto& [name, t] : session.kernel_visible()) {
       auto it = captured_address.find(name);
@@ -86,7 +99,7 @@ GraphRun capture_and_reload(const Backend& backend, ReloadMode mode, int reloads
     const at::Tensor out = graph->replay();  // the output is poisoned first
     ++run.replays;
     const at::Tensor expected = session.cold_forward(ckpt, x);
-    if (!at::allclose(out, expected, 1e-4, 1e-4)) ++run.stale_replays;
+    if (!close(out, expected)) ++run.stale_replays;
   }
   return run;
 }
@@ -239,7 +252,7 @@ TEST_F(CudaGraphReload, SampleBackendsReplayTheNewWeightsAtTheCapturedAddresses)
 }
 
 TEST_F(CudaGraphReload, NegativeControlsAreCaughtByStaleReplayOutput) {
-  const int reloads = std::min(reloads_per_mode(), 10);
+  const int reloads = std::min(reloads_per_mode(), kDefaultReloads);
   int total_replays = 0;
   for (const auto& backend : BackendRegistry::instance().create_all()) {
     if (!backend->negative_control() || backend->cpu_only()) continue;
@@ -276,9 +289,9 @@ TEST_F(CudaGraphReload, KernelArgumentsPointIntoTheTracedReadSetOrTheGraphPool) 
     if (backend->negative_control() || backend->cpu_only()) continue;
     SCOPED_TRACE(backend->name());
     const c10::Device cuda(c10::kCUDA, 0);
-    ReloadSession session(*backend, cuda, /*seed=*/1);
-    at::Generator gen = at::detail::createCPUGenerator(7919);
-    const at::Tensor x = at::randn(backend->input_shape(), gen, at::kFloat).to(cuda);
+    const uint64_t seed = run_seed();
+    ReloadSession session(*backend, cuda, seed);
+    const at::Tensor x = run_input(*backend, seed, cuda);
     at::cuda::CUDAGraph graph(/*keep_graph=*/true);
     std::vector<Range> traced;
     {
@@ -332,7 +345,6 @@ TEST_F(CudaGraphReload, KernelArgumentsPointIntoTheTracedReadSetOrTheGraphPool) 
 TEST_F(CudaGraphReload, HarnessPassesOnCudaAndReplaysTheGraphAfterEveryReload) {
   RunOptions options;
   options.device = c10::Device(c10::kCUDA, 0);
-  options.reloads = 10;
   for (const auto& backend : BackendRegistry::instance().create_all()) {
     if (backend->cpu_only()) continue;
     SCOPED_TRACE(backend->name());
@@ -373,7 +385,6 @@ TEST_F(CudaGraphReload, AGraphReadingAFreedTensorReadsPoisonOnEveryReplay) {
 TEST_F(CudaGraphReload, TheProtocolFlagsAStaleGraphReplayOnEveryReload) {
   RunOptions options;
   options.device = c10::Device(c10::kCUDA, 0);
-  options.reloads = 8;
   options.max_listed = 1000;
   int controls = 0;
   for (const auto& backend : BackendRegistry::instance().create_all()) {
