@@ -206,34 +206,34 @@ class Check:
     def junit(self, part: str, xml: str, rc: int, text: str, secs: float) -> None:
         # The project's one JUnit reader (tools/testlogs.py, beside this file
         # in the bundle); a run that wrote no file has no results.
-        cases = [(c.name, c.status, c.message) for c in read_cases(xml)] if os.path.exists(xml) else []
+        cases = read_cases(xml) if os.path.exists(xml) else []
         if not cases:
             self.count("failed")
             self.row(part, "FAIL", secs, ("time limit reached" if rc == 124 else _first_line(text, LOAD_ERRORS)) or f"exit {rc}, no results")
             return
-        passed = sum(1 for c in cases if c[1] == "passed")
-        failed = [c for c in cases if c[1] == "failed"]
-        skipped = [c for c in cases if c[1] == "skipped"]
+        passed = sum(1 for c in cases if c.status == "passed")
+        failed = [c for c in cases if c.status == "failed"]
+        skipped = [c for c in cases if c.status == "skipped"]
         self.count("passed", passed)
         self.count("failed", len(failed))
         self.count("skipped", len(skipped))
         if self.no_gpu:
             # A test that needs no device may pass; every one that needs it
             # must skip and say it is for want of a device.
-            vague = [c for c in skipped if NO_DEVICE not in c[2]]
+            vague = [c for c in skipped if NO_DEVICE not in c.message]
             ok = not failed and not vague and skipped and rc != 124
             if not ok:
                 self.count("failed")
-            reason = skipped[0][2] if skipped else ""
+            reason = skipped[0].message if skipped else ""
             self.row(part, "ok (skipped)" if ok else "FAIL", secs,
                      f"{len(skipped)} skipped, {passed} passed: {reason[:120]}" if ok else
                      f"expected every GPU test to skip with '{NO_DEVICE}': " +
-                     ("; ".join(f"{c[0]} {c[1]} {c[2][:80]}" for c in (failed + vague)[:3]) or "nothing skipped"))
+                     ("; ".join(f"{c.name} {c.status} {c.message[:80]}" for c in (failed + vague)[:3]) or "nothing skipped"))
             return
         ok = not failed and rc != 124
         detail = f"{passed} passed, {len(failed)} failed, {len(skipped)} skipped"
         if failed:
-            detail += ": " + "; ".join(f"{c[0]}: {c[2][:160]}" for c in failed[:3])
+            detail += ": " + "; ".join(f"{c.name}: {c.message[:160]}" for c in failed[:3])
         if rc == 124:
             detail += " (time limit reached)"
         self.row(part, "ok" if ok else "FAIL", secs, detail)
