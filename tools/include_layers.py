@@ -15,8 +15,11 @@ The layers, bottom up, each depending only on those it names below it:
 and the harness in the layers its BUILD file draws: subject (the subject
 interface, a run's options, a layer's state), report, layer life, steps,
 protocol, harness (C++ backends as subjects), then what is built on all of
-it: backends/, the commands and the tests. Every C++ file under ROOTS belongs
-to exactly one layer of LAYERS (a new file is given one there). A finding is:
+it: backends/, the commands and the tests. The capture (and the trace's
+tests) is a layer of its own above the rest of the trace, so that only the
+protocol and above may include it: the subject interface names a layer's
+tensors with the leaf named_tensor.h. Every C++ file under ROOTS belongs to
+exactly one layer of LAYERS (a new file is given one there). A finding is:
 
   - an include of a header from a layer that is not the file's own or below
     it: above it, or beside it (the cases and the trace know nothing of each
@@ -47,8 +50,9 @@ _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 @dataclasses.dataclass(frozen=True)
 class Layer:
     """A set of files (glob patterns: `*` within a folder, `**/` across
-    folders) and the layers directly below it, whose headers it may include
-    (and theirs, transitively)."""
+    folders; a pattern that starts with `!` takes files out) and the layers
+    directly below it, whose headers it may include (and theirs,
+    transitively)."""
 
     name: str
     patterns: tuple[str, ...]
@@ -59,7 +63,10 @@ _H = "conformance/harness/"
 LAYERS = (
     Layer("utils", ("utils/*",)),
     Layer("cases", ("conformance/*", "conformance/ops/*"), below=("utils",)),
-    Layer("trace", ("conformance/trace/**/*",), below=("utils",)),
+    Layer("trace", ("conformance/trace/**/*", "!conformance/trace/capture.*",
+                    "!conformance/trace/**/*_test.cc"), below=("utils",)),
+    Layer("trace: capture", ("conformance/trace/capture.*", "conformance/trace/**/*_test.cc"),
+          below=("trace",)),
     Layer(
         "harness: subject",
         tuple(_H + f for f in ("subject.h", "run_options.h", "layer_state.*")),
@@ -71,8 +78,8 @@ LAYERS = (
     Layer("harness: layer life", (_H + "layer_life.*",), below=("harness: report",)),
     Layer(
         "harness: steps",
-        tuple(_H + f for f in ("step.h", "step_table.*", "reload_steps.*", "steps/*.h",
-                               "steps/*.cc")),
+        tuple(_H + f for f in ("step.h", "step_table.*", "reload_steps.*", "steps/*"))
+        + ("!" + _H + "steps/*_test.cc",),
         below=("harness: layer life",),
     ),
     Layer(
@@ -80,7 +87,7 @@ LAYERS = (
         tuple(_H + f for f in ("protocol.*", "checkpoint_pools.*", "values.*", "cold_loads.*",
                                "device_graph.*", "device_graph_cuda.cc", "forward_capture.*",
                                "forward_checks.*", "mode_memory.*", "internal/all_close.*")),
-        below=("harness: steps",),
+        below=("harness: steps", "trace: capture"),
     ),
     Layer("harness: harness", tuple(_H + f for f in ("backend.*", "harness.*", "module_cache.*")),
           below=("harness: protocol",)),
@@ -110,12 +117,17 @@ def _regex(pattern: str) -> re.Pattern[str]:
     return re.compile(out + r"\Z")
 
 
-_MATCHERS = [(layer, [_regex(p) for p in layer.patterns]) for layer in LAYERS]
+_MATCHERS = [
+    (layer, [_regex(p) for p in layer.patterns if not p.startswith("!")],
+     [_regex(p[1:]) for p in layer.patterns if p.startswith("!")])
+    for layer in LAYERS
+]
 
 
 def layers_of(path: str) -> list[str]:
-    """The names of the layers whose patterns match `path`."""
-    return [layer.name for layer, regexes in _MATCHERS if any(r.match(path) for r in regexes)]
+    """The names of the layers whose patterns take `path`."""
+    return [layer.name for layer, take, leave in _MATCHERS
+            if any(r.match(path) for r in take) and not any(r.match(path) for r in leave)]
 
 
 def _allowed() -> dict[str, set[str]]:
