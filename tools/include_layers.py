@@ -84,7 +84,7 @@ LAYERS = (
     ),
     Layer(
         "harness: protocol",
-        tuple(_H + f for f in ("protocol.*", "checkpoint_pools.*", "values.*", "cold_loads.*",
+        tuple(_H + f for f in ("protocol.*", "checkpoint_pools.*", "values.*", "cold_loads.*", "cold_start.*",
                                "device_graph.*", "device_graph_cuda.cc", "forward_capture.*",
                                "forward_checks.*", "mode_memory.*", "internal/all_close.*")),
         below=("harness: steps", "trace: capture"),
