@@ -280,7 +280,9 @@ class ModeRun final : public ModeContext {
       DirectReloadScope direct(mode_ == ReloadMode::kDirect);
       std::optional<trace::Quarantine::Capturing> capturing;
       if (trace::Quarantine* quarantine = memory_.quarantine()) capturing.emplace(*quarantine);
-      live_->load(ckpt);
+      const bool loaded = std::any_of(step_objects_.begin(), step_objects_.end(),
+                                      [&](const auto& step) { return step->load(*this, reload); });
+      if (!loaded) live_->load(ckpt);
       live_->process();
     });
     if (!reloaded) return;

@@ -10,7 +10,8 @@
 //
 //   cold load -> cold_loaded -> warm-up forward -> started -> capture
 //   for each reload: draw the checkpoint -> before_reload -> before_load
-//     -> load and post-processing -> after_load -> graph replay, memory
+//     -> load (the first step whose load() loads, else the protocol's)
+//     and post-processing -> after_load -> graph replay, memory
 //     recorded -> after_reload -> the protocol's own checks -> forward
 //     -> after_forward -> replay of the capture
 //
@@ -108,6 +109,13 @@ class Step {
   virtual bool before_reload(ModeContext& /*mode*/, const Reload& /*reload*/) { return true; }
   /// Right before the load and post-processing.
   virtual void before_load(ModeContext& /*mode*/, const Reload& /*reload*/) {}
+  /// The load itself, for a step that loads the way an engine does (in
+  /// parts, in another order): loads the reload's checkpoint into the live
+  /// layer (SubjectLayer::load, any number of times) and returns true. False,
+  /// the default, leaves it to the next step, and the protocol's own load of
+  /// the whole checkpoint if none loads. Runs where the protocol's load
+  /// would (inside the direct mode's scope); post-processing follows once.
+  virtual bool load(ModeContext& /*mode*/, const Reload& /*reload*/) { return false; }
   /// Right after the load and post-processing, before anything else runs.
   virtual void after_load(ModeContext& /*mode*/, const Reload& /*reload*/) {}
   /// After the graph's replay and the reload's memory is recorded, before
