@@ -435,12 +435,20 @@ enum class Bug {
   kCopyKept,                 ///< every pass after the first keeps a copy of w_padded
   kStagedCopy,               ///< the loader stages a copy of w before writing it
   kFirstForwardTiles,        ///< the first forward builds `tiles`, later ones only read it
+  kLoaderResetsFused,        ///< w comes as two halves, w.0 and w.1; each load zeroes w first
 };
 
 struct StepsLayer {
   explicit StepsLayer(Bug bug) : bug(bug) {}
 
   void load(const Checkpoint& ckpt) {
+    if (bug == Bug::kLoaderResetsFused) {
+      w_padded.zero_();  // right only when both halves come in one call
+      for (const auto& [name, half] : ckpt) {
+        w_padded.narrow(0, name == "w.0" ? 0 : 4, 4).narrow(1, 0, 16).copy_(half);
+      }
+      return;
+    }
     const at::Tensor& w = ckpt.at("w");
     w_padded.narrow(1, 0, 16).copy_(bug == Bug::kStagedCopy ? w.clone() : w);
     if (bug != Bug::kPaddingFromConstruction) w_padded.narrow(1, 16, 4).zero_();
@@ -499,7 +507,10 @@ class StepsSubject : public ReloadSubject {
   }
   Checkpoint draw_checkpoint(uint64_t seed) override {
     at::Generator gen = at::detail::createCPUGenerator(seed);
-    return {{"w", at::randn({8, 16}, gen)}};
+    const at::Tensor w = at::randn({8, 16}, gen);
+    if (bug_ == Bug::kLoaderResetsFused)
+      return {{"w.0", w.narrow(0, 0, 4)}, {"w.1", w.narrow(0, 4, 4)}};
+    return {{"w", w}};
   }
   at::Tensor draw_input(uint64_t seed) override {
     at::Generator gen = at::detail::createCPUGenerator(seed);
@@ -591,6 +602,7 @@ TEST(ProtocolSteps, EachStepNamesTheBugItExistsForAndPassesTheFixedLayer) {
   const ReloadSteps peak = ReloadSteps().set("reload_peak_budget_bytes", 256);
   const ReloadSteps forward_state = sleeping(2).set("compare_forward_state");
   const ReloadSteps forward_state_level_1 = sleeping(1).set("compare_forward_state");
+  const ReloadSteps per_tensor = ReloadSteps().set("load_per_tensor").set("compare_state");
   struct Row {
     const char* name;
     Bug bug;
@@ -614,6 +626,8 @@ TEST(ProtocolSteps, EachStepNamesTheBugItExistsForAndPassesTheFixedLayer) {
        sleeping(2)},
       {"sleep 1 loses what a forward made", Bug::kFirstForwardTiles, forward_state_level_1, "tiles",
        "after the forward", false, sleeping(1)},
+      {"per-tensor loads", Bug::kLoaderResetsFused, per_tensor, "w_padded",
+       "differs from a cold load", true},
   };
   for (const Row& row : rows) {
     SCOPED_TRACE(row.name);
