@@ -55,3 +55,39 @@ def test_the_cpp_table_refuses_a_name_it_lacks():
         _C.check_steps(_C.ReloadSteps().set("hibernate"))
     merged = _C.merge_steps(_C.ReloadSteps().set("sleep", 1), _C.ReloadSteps().set("sleep", 2))
     assert merged.get("sleep") == 2
+
+
+class _FusedQK(torch.nn.Module):
+    """q and k loaded into one fused weight; ``resets`` zeroes it at the
+    start of every load call, right only while both halves come in one."""
+
+    def __init__(self, resets: bool = True):
+        super().__init__()
+        self.qk = torch.nn.Parameter(torch.zeros(16, 8), requires_grad=False)
+        self.resets = resets
+
+    def forward(self, x):
+        return x @ self.qk.t()
+
+
+def _load_fused(layer, ckpt):
+    if layer.resets:
+        layer.qk.zero_()
+    for name, half in ckpt.items():
+        layer.qk[(0 if name == "q" else 8):][:8].copy_(half)
+
+
+def _fused_checkpoint(seed):
+    g = torch.Generator().manual_seed(seed)
+    return {"q": torch.randn(8, 8, generator=g), "k": torch.randn(8, 8, generator=g)}
+
+
+def test_load_per_tensor_loads_in_parts_as_a_weight_sync_does():
+    def check(resets, **steps):
+        return check_reload(lambda: _FusedQK(resets), X, load=_load_fused, make_checkpoint=_fused_checkpoint,
+                            reloads=2, **steps)
+
+    assert check(True).ok  # one call per load: the reset is harmless
+    caught = check(True, load_per_tensor=True, compare_state=True)
+    assert not caught.ok and "qk" in caught.flagged, caught.table()
+    assert check(False, load_per_tensor=True, compare_state=True).ok
