@@ -1,11 +1,11 @@
 // layer_state.h: what a layer holds, by name (its tensors and its host
 // numbers), and how two layers' holdings differ.
 //
-// Two protocol steps read it (run_options.h, ReloadSteps): compare_state
-// holds a reloaded layer's state against a cold load's of the same
-// checkpoint, and host_numbers holds the numbers a layer reaches to the
-// values they had when the forward was captured, since a CUDA graph bakes a
-// number a kernel takes as an argument into its launch.
+// Three harness steps read it (steps/): compare_state holds a reloaded
+// layer's state against a cold load's of the same checkpoint (and
+// compare_forward_state after the forward), and host_numbers holds the numbers a layer reaches to
+// the values they had when the forward was captured, since a CUDA graph bakes a number a kernel
+// takes as an argument into its launch.
 //
 // Invariant: comparing reads both sides and writes neither; a tensor is
 // compared on a CPU copy, never on (or into) its own storage.

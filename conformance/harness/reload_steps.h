@@ -1,6 +1,6 @@
-// reload_steps.h: what the protocol does to a live layer between reloads
-// when a run asks for it (ReloadSteps, run_options.h): sleep and wake, and
-// parameters re-created as a layerwise reload re-creates them.
+// reload_steps.h: what the sleep and recreate_parameters steps (steps/) do
+// to a live layer between reloads: sleep and wake, and parameters
+// re-created as a layerwise reload re-creates them.
 //
 // Engines free the GPU between RL rollouts (vLLM's sleep mode, SGLang's
 // memory-saver pause). Both keep every address, since the memory is unmapped
