@@ -127,6 +127,26 @@ struct RunShared {
   std::string refused;  // what the one-time checks refused, if anything
 };
 
+// The run's one-time checks of its cold load (cold_start.h), asked by its
+// first mode: a check that would test nothing is refused, and the numbers
+// no load decides are freed where `steps` compare numbers. What they refuse
+// is every mode's error.
+void check_once_per_run(ModeContext& mode, RunShared& shared, const ReloadSteps& steps,
+                        const Checkpoint& ckpt, const at::Tensor& out) {
+  if (!shared.checked_once) {
+    shared.checked_once = true;
+    try {
+      refuse_a_check_that_tests_nothing(mode, shared.cold_loads, ckpt, out);
+      if (takes_kind(steps, StepKind::kCheck)) {
+        free_numbers_no_load_decides(mode, ckpt, shared.info.free_names);
+      }
+    } catch (const c10::Error& e) {
+      shared.refused = e.what_without_backtrace();
+    }
+  }
+  if (!shared.refused.empty()) C10_THROW_ERROR(Error, shared.refused);
+}
+
 // One mode of the protocol: start (cold load, warm-up, baseline, capture),
 // one check per reload, then memory; the run's steps (step.h) hooked in at
 // each phase.
@@ -238,19 +258,7 @@ class ModeRun final : public ModeContext {
       const at::Tensor out = in_stage("the cold load's forward (" + seeds + ")", [&] {
         return warm_up(*live_, x_, options_.trace && info_.warm_up_under_trace);
       });
-      if (!shared_.checked_once) {
-        shared_.checked_once = true;
-        try {
-          refuse_a_check_that_tests_nothing(*this, shared_.cold_loads, ckpt, out);
-          if (takes_kind(steps_, StepKind::kCheck)) {
-            free_numbers_no_load_decides(*this, ckpt, shared_.info.free_names);
-          }
-        } catch (const c10::Error& e) {
-          shared_.refused = e.what_without_backtrace();
-        }
-      }
-      // What the run's one-time checks refused is every mode's error.
-      if (!shared_.refused.empty()) C10_THROW_ERROR(Error, shared_.refused);
+      check_once_per_run(*this, shared_, steps_, ckpt, out);
     }
     const auto bytes = at::TensorOptions().dtype(at::kByte);
     canary_ = at::full({kCanaryBytes}, kCanaryByte, bytes.device(options_.device));

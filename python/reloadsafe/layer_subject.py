@@ -28,11 +28,12 @@ from .loading import (
     layout_hint,
     layout_notes,
     load_checkpoint,
+    process_weights_after_loading,
 )
 from .sleep import Caches, cache_tensors, caches_emptied
 from .walk import named_numbers, named_objects, named_tensors, shared_object_names, tensor_parts
 
-__all__ = ["LayerHandle", "LayerSubject", "MODES", "process_weights_after_loading", "whole_number"]
+__all__ = ["LayerHandle", "LayerSubject", "MODES", "whole_number"]
 
 #: The reload modes: "normal" (post-processing as after a first load) and
 #: "direct" (inside ``direct_reload()``, where a weight may use all of its old
@@ -412,22 +413,6 @@ def _leaves(t: torch.Tensor) -> Iterator[torch.Tensor]:
     else:
         for _, part in parts:
             yield from _leaves(part)
-
-
-def process_weights_after_loading(layer: torch.nn.Module) -> None:
-    """The post-processing ``check_reload`` runs when given no ``process``,
-    as an engine's model loader runs it: vLLM's convention first (every
-    module, the layer itself included, whose ``quant_method`` has
-    ``process_weights_after_loading`` gets ``quant_method.
-    process_weights_after_loading(module)``), then the layer's own
-    ``process_weights_after_loading()`` if it has one."""
-    for module in layer.modules():
-        hook = getattr(getattr(module, "quant_method", None), "process_weights_after_loading", None)
-        if callable(hook):
-            hook(module)
-    own = getattr(layer, "process_weights_after_loading", None)
-    if callable(own):
-        own()
 
 
 def _deep_copy(layer: torch.nn.Module) -> torch.nn.Module:

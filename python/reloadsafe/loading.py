@@ -15,6 +15,7 @@ from .reference import storage_view
 __all__ = [
     "Checkpoint", "CheckpointDrawer", "check_drawable", "checkpoint_layouts", "draw_checkpoint",
     "default_weight_loader", "layout", "layout_hint", "layout_notes", "load_checkpoint",
+    "process_weights_after_loading",
 ]
 
 #: A checkpoint: tensor name -> tensor (on the CPU, as an mmap'd checkpoint is).
@@ -283,3 +284,19 @@ def load_checkpoint(
                 "load= a function that loads it"
             )
         default_weight_loader(target, loaded, device=device)
+
+
+def process_weights_after_loading(layer: torch.nn.Module) -> None:
+    """The post-processing ``check_reload`` runs when given no ``process``,
+    as an engine's model loader runs it: vLLM's convention first (every
+    module, the layer itself included, whose ``quant_method`` has
+    ``process_weights_after_loading`` gets ``quant_method.
+    process_weights_after_loading(module)``), then the layer's own
+    ``process_weights_after_loading()`` if it has one."""
+    for module in layer.modules():
+        hook = getattr(getattr(module, "quant_method", None), "process_weights_after_loading", None)
+        if callable(hook):
+            hook(module)
+    own = getattr(layer, "process_weights_after_loading", None)
+    if callable(own):
+        own()
