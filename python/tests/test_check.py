@@ -384,12 +384,20 @@ def test_raise_for_violations_carries_the_table_and_the_report():
 
 
 def test_a_forward_that_fails_mid_run_is_that_modes_error():
+    # A layer the check builds aside mid-run (a cold load to compare a reload
+    # with) whose forward raises: no reload's bug (that would be the
+    # violation "reload"), the mode's error. Counted by layers built, not by
+    # forwards, which depend on what the protocol runs before the reloads.
     class FailsLater(sl.Transposed):
-        calls = 0
+        built = 0
+
+        def __init__(self):
+            super().__init__()
+            FailsLater.built += 1
+            self.index = FailsLater.built
 
         def forward(self, x):
-            FailsLater.calls += 1
-            if FailsLater.calls > 12:
+            if self.index > 6:  # two probes, the live layer, then the cold loads
                 raise RuntimeError("workspace exhausted")
             return super().forward(x)
 
