@@ -2,7 +2,7 @@
 //
 //   bazel run //conformance/harness:reload_harness -- [--reloads N] [--device cpu|cuda[:I]]
 //       [--backend NAME] [--seed S] [--json PATH] [--no-trace] [--trace] [--build-info]
-//       [the steps' flags: run_flags.h, step_flags(); --help lists them]
+//       [the steps' flags: step_table.h; --help lists them]
 //
 // Prints a table for people and, with --json, writes the report for machines.
 // --trace prints what the forward of each selected backend reads (its

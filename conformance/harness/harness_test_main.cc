@@ -13,7 +13,7 @@
 // Bazel asks for it (GTEST_OUTPUT).
 //
 //   harness_test [--reloads N] [--device cpu|cuda[:I]] [--seed S] [--no-trace]
-//       [the steps' flags: run_flags.h, step_flags()] [gtest flags]
+//       [the steps' flags: step_table.h] [gtest flags]
 //
 // Exit status: 0 when every test passed, 1 when one failed or no backend was
 // linked, 2 on bad arguments.

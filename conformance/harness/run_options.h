@@ -58,11 +58,6 @@ class ReloadSteps {
     values_[name] = value;
     return *this;
   }
-  /// Leaves step `name` out again.
-  ReloadSteps& unset(const std::string& name) {
-    values_.erase(name);
-    return *this;
-  }
   /// The value step `name` is taken with; empty when it is not taken.
   std::optional<int64_t> get(const std::string& name) const {
     const auto it = values_.find(name);

@@ -89,6 +89,7 @@ class StepSpec:
     flag: str
     takes: str  # "switch", "level" or "bytes"
     max_level: int
+    value: str  # as a usage line shows it: "", "1|2", "BYTES"
     kind: str  # "engine", "check" or "bound"
     help: str
     example: str

@@ -240,15 +240,17 @@ def _raise_for_a_cold_load_that_failed(subject: LayerSubject, report: Any) -> No
     raised = subject.raised
     if isinstance(raised, ReloadCheckError):
         raise raised
-    x = subject.example_input if isinstance(subject.example_input, torch.Tensor) else None
-    hint = subject.layout_hint()
-    message = (f"check_reload: {subject.name}: {first.error.splitlines()[0]}. "
-               + (f"The layer mixes devices: {subject.raised_stray}. " if subject.raised_stray else "")
-               + ("Fix that step of the layer, or the example input"
-                  + (f" (shape {tuple(x.shape)}, {x.dtype})" if x is not None else "")
-                  + ", before checking reloads" if raised is not None else "")
-               + (f". {hint}" if hint and raised is not None else ""))
-    raise ReloadCheckError(message.rstrip(". ")) from raised
+    message = f"check_reload: {subject.name}: {first.error.splitlines()[0]}"
+    if raised is not None:  # a step of the layer raised: say what to look at
+        if subject.raised_stray:
+            message += f". The layer mixes devices: {subject.raised_stray}"
+        x = subject.example_input
+        shape = f" (shape {tuple(x.shape)}, {x.dtype})" if isinstance(x, torch.Tensor) else ""
+        message += f". Fix that step of the layer, or the example input{shape}, before checking reloads"
+        hint = subject.layout_hint()  # loads a layer: only where the layer's own step failed
+        if hint:
+            message += f". {hint}"
+    raise ReloadCheckError(message) from raised
 
 
 #: The violations that say values differ, and name no tensor or number.

@@ -74,12 +74,6 @@ def reload_steps(values: Mapping[str, Any]) -> tuple[Any, OwnSleep | None]:
     return steps, own_sleep
 
 
-def reads_numbers(steps: Any) -> bool:
-    """Whether ``steps`` takes a step that compares what the layer names,
-    host numbers included (the layer must then name its numbers)."""
-    return any(steps.has(name) for name, spec in STEPS.items() if spec.kind == "check")
-
-
 def step_parameters() -> list[inspect.Parameter]:
     """The step keywords as ``check_reload``'s signature shows them, each
     keyword-only with its default (``False`` for a switch, else ``None``)."""
@@ -100,7 +94,7 @@ def steps_doc() -> str:
     """The step keywords' part of ``check_reload``'s docstring."""
     lines = ["Harness steps, each off by default (docs/harness-steps.md):", ""]
     for name, spec in STEPS.items():
-        value = {"switch": "True", "level": "|".join(map(str, _levels(spec))), "bytes": "N"}[spec.takes]
+        value = {"switch": "True", "level": spec.value, "bytes": "N"}[spec.takes]
         lines.append(f"- ``{name}={value}`` ({spec.kind}): {spec.help}")
         if name == "sleep":
             lines.append("  ``sleep`` may also be a function ``(layer) -> None``, the engine's own sleep "

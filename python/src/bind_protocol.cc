@@ -220,6 +220,7 @@ void bind_protocol(py::module_& m) {
                                return "";
                              })
       .def_property_readonly("max_level", [](const StepSpec& s) { return s.max_level; })
+      .def_property_readonly("value", &harness::value_text)
       .def_property_readonly("kind",
                              [](const StepSpec& s) {
                                switch (s.kind) {
