@@ -15,6 +15,7 @@ import enum
 import importlib
 import inspect
 import sys
+import typing
 from typing import Any
 
 MODULES = ("reloadsafe", "reloadsafe.vllm", "reloadsafe.glossary")
@@ -52,7 +53,9 @@ def _member_lines(cls: type) -> list[str]:
 
 def _entry(module: str, name: str, obj: Any) -> list[str]:
     qualified = f"{module}.{name}"
-    if inspect.isclass(obj):
+    # A parameterised generic (a type alias such as Mapping[str, ...]) is a
+    # value, though Python 3.10's inspect.isclass says it is a class.
+    if inspect.isclass(obj) and typing.get_origin(obj) is None:
         out = [f"### `{qualified}` (class)", ""]
         if not issubclass(obj, enum.Enum):
             sig = _signature(obj)
