@@ -51,7 +51,7 @@ mapfile -t cpp < <(git ls-files '*.cc' '*.h' '*.cu' '*.cuh' | grep -v '^third_pa
 check clang-format clang-format-14 --dry-run --Werror "${cpp[@]}"
 [ $status -eq 0 ] || echo "[lint] fix the format with: git ls-files '*.cc' '*.h' '*.cu' '*.cuh' | grep -v '^third_party/' | xargs clang-format-14 -i"
 check ruff "$lint_venv/bin/ruff" check --no-cache python tools bench
-check mypy "$lint_venv/bin/mypy" --config-file mypy.ini --no-incremental python/reloadsafe python/tests tools bench
+check mypy "$lint_venv/bin/mypy" --config-file mypy.ini --no-incremental python/reloadsafe python/tests python/setup.py python/build_backend tools bench
 if [ -n "$junit" ]; then
   printf '<?xml version="1.0" encoding="UTF-8"?>\n<testsuites><testsuite name="lint" tests="3" failures="%s">%s</testsuite></testsuites>\n' \
     "$failures" "$cases" > "$junit"

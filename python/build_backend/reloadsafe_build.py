@@ -1,183 +1,97 @@
-"""In-tree build backend (PEP 517) of the reloadsafe package: lets
-`pip install <clone>/python` build the wheel with Bazel, against the torch of
-the environment pip installs into.
+"""In-tree build backend (PEP 517) of the reloadsafe package: setuptools'
+own backend (setup.py builds the package with torch.utils.cpp_extension),
+plus the one step pip's build isolation would otherwise prevent.
 
-The extension module must be compiled from the repository's C++ sources
-against that torch (any of 2.11 to 2.15, third_party/libtorch/libtorch.bzl);
-Bazel does that (python/BUILD.bazel). This backend:
+The extension must be compiled against the torch of the environment it is
+installed into, not a torch of the registry's choosing: pip builds in an
+isolated environment whose packages (setuptools, ninja, nlohmann-json: the
+[build-system] requirements) come first on sys.path and from which the
+target environment's site-packages is removed. Before a hook that may build
+the extension runs setup.py, the site-packages folder that holds the target
+interpreter's torch is appended to sys.path (after the isolated
+environment's, so its setuptools still wins), so setup.py imports that torch
+and the packages torch imports. The target interpreter is the one running
+this backend (pip runs it with the interpreter it installs for), or
+RELOADSAFE_PYTHON when set (the same variable names the interpreter Bazel's
+build is for); it is asked without pip's isolation variables, and must be
+the running Python's version.
 
-1. asks pip's interpreter (outside pip's isolated build environment) which
-   torch it has, and stops with one line saying what to install when it has
-   none or one outside the supported range;
-2. checks what the Bazel build needs from the machine (Bazel and the Debian
-   packages it reads: tools/setup.sh is not needed) and, when something is
-   missing, stops with the one command that installs it;
-3. runs `bazel build //python:package` with RELOADSAFE_PYTHON set to that
-   interpreter (so the extension is built for it and against its torch, with
-   the C++ standard that torch needs), in output folders of its own per torch
-   series, so installing into environments with different torches does not
-   rebuild the checkout's other builds; and hands pip the wheel Bazel wrote.
-
-Only the standard library is used; there is no source distribution.
+Without a torch there (an isolated `python -m build`, whose interpreter is a
+fresh environment's, unless RELOADSAFE_PYTHON names one with torch), nothing
+is added and setup.py stops the build saying what to do; the sdist and the
+metadata need no torch.
 """
-import glob
+from __future__ import annotations
+
 import os
-import re
-import shutil
 import subprocess
 import sys
-import sysconfig
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_LIBTORCH_BZL = os.path.join(_ROOT, "third_party", "libtorch", "libtorch.bzl")
+from setuptools import build_meta as _setuptools
 
-# What //python:package needs from the machine besides Bazel's own shims:
-# (Debian package, how to tell it is installed).
-_DEBIAN_NEEDS = [
-    ("bazel-bootstrap", lambda: shutil.which("bazel") is not None),
-    ("bazel-rules-java", lambda: os.path.isdir("/usr/share/bazel/rules/java")),
-    ("g++", lambda: shutil.which("g++") is not None and shutil.which("gcc") is not None),
-    ("nlohmann-json3-dev", lambda: os.path.exists("/usr/include/nlohmann/json.hpp")),
-]
+# What pip sets to isolate the build (PYTHONPATH names its own site folder,
+# whose sitecustomize removes the environment's site-packages).
+_ISOLATION_VARIABLES = ("PYTHONPATH", "PYTHONNOUSERSITE", "PYTHONHOME")
 
-# The Bazel server a pip install starts exits this long after the build.
-_SERVER_IDLE_SECONDS = 300
+_PROBE = (
+    "import importlib.util, os, sys\n"
+    "print('%d.%d' % sys.version_info[:2])\n"
+    "s = importlib.util.find_spec('torch')\n"
+    "print(os.path.dirname(list(s.submodule_search_locations)[0]) if s and s.submodule_search_locations else '')\n"
+)
 
 
-class BuildError(RuntimeError):
-    """A build that cannot start or finish, with what to do about it."""
+def target_python() -> str:
+    """The interpreter the wheel is built for: RELOADSAFE_PYTHON, or this one."""
+    return os.environ.get("RELOADSAFE_PYTHON") or sys.executable
 
 
-def _env():
-    # pip's isolated build environment hides the target environment's
-    # site-packages (PYTHONPATH, PYTHONNOUSERSITE); Bazel's probe of the
-    # interpreter must see its torch.
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONNOUSERSITE", "PYTHONHOME")}
-    env.setdefault("RELOADSAFE_PYTHON", sys.executable)
-    # pip also puts its temporary build environment's bin folders first on
-    # PATH. Bazel's actions see PATH, so a changed PATH would rebuild every
-    # action instead of reusing the checkout's earlier build.
-    env["PATH"] = os.pathsep.join(
-        d for d in env.get("PATH", "").split(os.pathsep) if "pip-build-env-" not in d
-    )
-    return env
-
-
-def supported_torch(text=None):
-    """((2, 11), (2, 15)): SUPPORTED_TORCH of the LibTorch rule, the one place
-    the range is written."""
-    if text is None:
-        with open(_LIBTORCH_BZL) as f:
-            text = f.read()
-    m = re.search(r"^SUPPORTED_TORCH = \(\((\d+), (\d+)\), \((\d+), (\d+)\)\)$", text, re.M)
-    if not m:
-        raise BuildError(f"{_LIBTORCH_BZL} has no SUPPORTED_TORCH line")
-    a, b, c, d = map(int, m.groups())
-    return (a, b), (c, d)
-
-
-def target_torch(python, env):
-    """The torch version installed for interpreter `python` ("2.15.0+cu132"),
-    or None; read from its metadata, without importing torch."""
-    probe = ("import importlib.metadata as m\ntry:\n    print(m.version('torch'))\n"
-             "except m.PackageNotFoundError:\n    pass\n")
-    done = subprocess.run([python, "-c", probe], env=env, text=True, capture_output=True)
-    if done.returncode != 0:
-        raise BuildError(f"could not ask {python} for its torch: {done.stderr.strip()}")
-    return done.stdout.strip() or None
-
-
-def check_torch(version, python, supported):
-    """The torch series (2, 15) of `version`, or BuildError saying what to
-    install into the environment of `python`."""
-    (lo, hi) = supported
-    wanted = f"torch>={lo[0]}.{lo[1]},<{hi[0]}.{hi[1] + 1}"
-    span = f"{lo[0]}.{lo[1]} to {hi[0]}.{hi[1]}"
-    if version is None:
-        raise BuildError(f"reloadsafe is built against the torch of the environment it is installed "
-                         f"into, and {python} has none: install one first ({python} -m pip install "
-                         f"'{wanted}'), then install reloadsafe again.")
-    m = re.match(r"(\d+)\.(\d+)", version)
-    series = (int(m.group(1)), int(m.group(2))) if m else None
-    if series is None or not lo <= series <= hi:
-        raise BuildError(f"the torch of {python} is {version}; reloadsafe supports torch {span}: "
-                         f"install one of those there ({python} -m pip install '{wanted}').")
-    return series
-
-
-def missing_debian_packages(needs=None):
-    """The Debian packages of `needs` (default: what the build needs) whose
-    files are absent."""
-    return [name for name, present in (_DEBIAN_NEEDS if needs is None else needs) if not present()]
-
-
-def python_headers_missing(python, env):
-    """True when interpreter `python` has no Python.h (python3-dev)."""
-    probe = "import sysconfig, os; print(os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))"
-    done = subprocess.run([python, "-c", probe], env=env, text=True, capture_output=True)
-    return done.stdout.strip() != "True"
-
-
-def check_machine(python, env):
-    """BuildError with the one command that installs what the build lacks."""
-    missing = missing_debian_packages()
-    if python_headers_missing(python, env):
-        missing.append("python{}.{}-dev".format(*sys.version_info[:2]))
-    if missing:
-        sudo = "" if os.geteuid() == 0 else "sudo "
-        raise BuildError("building reloadsafe needs Debian packages that are missing: install them with\n"
-                         f"  {sudo}apt-get install -y --no-install-recommends {' '.join(missing)}\n"
-                         "then run pip again.")
-
-
-def bazel_flags(series):
-    """Flags of every Bazel command of the build: its own output folders per
-    torch series (pip-torch2.15), apart from the checkout's default ones."""
-    return [f"--platform_suffix=pip-torch{series[0]}.{series[1]}"]
-
-
-def _bazel(args, env, capture=False):
-    cmd = ["bazel", f"--max_idle_secs={_SERVER_IDLE_SECONDS}", *args]
+def environment_torch_site(python: str) -> str | None:
+    """The site-packages folder from which interpreter `python`, outside any
+    build isolation, imports torch; None when it has no torch. SystemExit
+    when `python` is another Python version than this one (the wheel is this
+    one's)."""
+    env = {k: v for k, v in os.environ.items() if k not in _ISOLATION_VARIABLES}
     try:
-        done = subprocess.run(cmd, cwd=_ROOT, env=env, text=True,
-                              stdout=subprocess.PIPE if capture else None)
-    except FileNotFoundError:
-        raise BuildError("bazel is not on PATH: install it with "
-                         "`sudo apt-get install -y --no-install-recommends bazel-bootstrap`") from None
+        done = subprocess.run([python, "-c", _PROBE], env=env, text=True, capture_output=True)
+    except OSError as e:
+        raise SystemExit(f"reloadsafe: cannot run {python} to find its torch: {e}") from None
     if done.returncode != 0:
-        raise BuildError(f"`{' '.join(cmd)}` failed (exit {done.returncode}); its output is above")
-    return done.stdout.strip() if capture else None
+        return None
+    version, _, site = done.stdout.partition("\n")
+    running = "{}.{}".format(*sys.version_info[:2])
+    if version.strip() != running:
+        raise SystemExit(f"reloadsafe: {python} is Python {version.strip()} but the build runs on Python "
+                         f"{running}: build with that interpreter (or unset RELOADSAFE_PYTHON).")
+    return site.strip() or None
 
 
-def get_requires_for_build_wheel(config_settings=None):
-    return []
+def expose_environment_torch(path: list[str] = sys.path) -> str | None:
+    """Appends the target environment's torch folder to `path` (once);
+    returns it, or None when there is none."""
+    site = environment_torch_site(target_python())
+    if site and site not in path:
+        path.append(site)
+    return site
 
 
-def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
-    env = _env()
-    python = env["RELOADSAFE_PYTHON"]
-    try:
-        version = target_torch(python, env)
-        series = check_torch(version, python, supported_torch())
-        check_machine(python, env)
-        flags = bazel_flags(series)
-        print(f"[reloadsafe] bazel build //python:package for {python} (torch {version})", file=sys.stderr)
-        _bazel(["build", *flags, "//python:package"], env)
-        bin_dir = _bazel(["info", *flags, "bazel-bin"], env, capture=True)
-    except BuildError as e:
-        # One message, without a traceback through pip's hook runner.
-        print(f"\nreloadsafe: {e}\n", file=sys.stderr)
-        raise SystemExit(1) from None
-    tag = "cp{}{}".format(*sys.version_info[:2])
-    platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
-    wheels = glob.glob(os.path.join(bin_dir, "python", f"reloadsafe-*-{tag}-{tag}-{platform}.whl"))
-    if len(wheels) != 1:
-        raise RuntimeError(f"bazel build //python:package wrote no wheel for {tag}-{platform} in {bin_dir}/python")
-    os.makedirs(wheel_directory, exist_ok=True)
-    dest = os.path.join(wheel_directory, os.path.basename(wheels[0]))
-    shutil.copyfile(wheels[0], dest)
-    return os.path.basename(dest)
+def _with_torch(hook):
+    def run(*args, **kwargs):
+        expose_environment_torch()
+        return hook(*args, **kwargs)
+
+    run.__name__ = hook.__name__
+    run.__doc__ = hook.__doc__
+    return run
 
 
-def build_sdist(sdist_directory, config_settings=None):
-    raise RuntimeError("reloadsafe has no source distribution: install it from a checkout (pip install python/)")
+# The hooks that run setup.py for a wheel see the environment's torch; the
+# sdist's do not need it.
+get_requires_for_build_wheel = _with_torch(_setuptools.get_requires_for_build_wheel)
+prepare_metadata_for_build_wheel = _with_torch(_setuptools.prepare_metadata_for_build_wheel)
+build_wheel = _with_torch(_setuptools.build_wheel)
+get_requires_for_build_editable = _with_torch(_setuptools.get_requires_for_build_editable)
+prepare_metadata_for_build_editable = _with_torch(_setuptools.prepare_metadata_for_build_editable)
+build_editable = _with_torch(_setuptools.build_editable)
+get_requires_for_build_sdist = _setuptools.get_requires_for_build_sdist
+build_sdist = _setuptools.build_sdist

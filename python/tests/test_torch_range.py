@@ -1,10 +1,12 @@
-"""The supported torch range: the build backend's checks before it runs Bazel
-(what it tells a user whose environment has no torch, a torch out of range,
-or a machine without the build's Debian packages), the import's refusal of a
-torch other than the one the extension was built against, and deprecations
-from our own code failing the tests."""
-import importlib.metadata
+"""The supported torch range and the setuptools build: what setup.py reads
+from the Bazel build's files (the range and the C++ standard per torch series
+from the LibTorch rule, the sources from extension_sources.bzl), what it tells
+a user whose torch is out of range, how the in-tree backend finds the
+environment's torch, the import's refusal of a torch other than the one the
+extension was built against, and deprecations from our own code failing the
+tests."""
 import importlib.util
+import os
 import pathlib
 import subprocess
 import sys
@@ -12,77 +14,155 @@ import warnings
 
 import pytest
 
-BACKEND = pathlib.Path(__file__).resolve().parents[1] / "build_backend" / "reloadsafe_build.py"
+PYTHON_DIR = pathlib.Path(__file__).resolve().parents[1]
+REPO = PYTHON_DIR.parent
+BACKEND = PYTHON_DIR / "build_backend" / "reloadsafe_build.py"
+SUPPORTED = ((2, 11), (2, 15))
 
 
-@pytest.fixture(scope="module")
-def backend():
-    spec = importlib.util.spec_from_file_location("reloadsafe_build", BACKEND)
-    assert spec is not None and spec.loader is not None, BACKEND
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None, path
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def test_the_range_is_read_from_the_libtorch_rule(backend):
-    assert backend.supported_torch() == ((2, 11), (2, 15))
-    assert backend.supported_torch("SUPPORTED_TORCH = ((2, 12), (3, 1))\n") == ((2, 12), (3, 1))
-    with pytest.raises(backend.BuildError, match="no SUPPORTED_TORCH"):
-        backend.supported_torch("nothing here\n")
+@pytest.fixture(scope="module")
+def setup_py():
+    # Its helpers only: setup() runs when the file is run as a script.
+    return _load("reloadsafe_setup", PYTHON_DIR / "setup.py")
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return _load("reloadsafe_build", BACKEND)
+
+
+def test_the_range_and_standards_are_the_libtorch_rules(setup_py):
+    supported, standards = setup_py.libtorch_table(REPO)
+    assert supported == SUPPORTED
+    assert [(tuple(first), std) for first, std in standards] == [((2, 14), "c++20"), ((0, 0), "c++17")]
+
+
+@pytest.mark.parametrize("series, standard", [
+    ((2, 11), "c++17"), ((2, 13), "c++17"), ((2, 14), "c++20"), ((2, 15), "c++20"),
+])
+def test_the_standard_follows_the_torch_series(setup_py, series, standard):
+    _, standards = setup_py.libtorch_table(REPO)
+    assert setup_py.cxx_standard(series, standards) == standard
+
+
+def test_a_header_that_demands_a_newer_standard_wins(setup_py):
+    _, standards = setup_py.libtorch_table(REPO)
+    demands = "#pragma once\n#error C++23 or later compatible compiler is required to use ATen.\n"
+    assert setup_py.cxx_standard((2, 15), standards, demands) == "c++23"
+    older = "#error C++17 or later compatible compiler is required to use ATen.\n"
+    assert setup_py.cxx_standard((2, 15), standards, older) == "c++20"
 
 
 @pytest.mark.parametrize("version, series", [
     ("2.11.0", (2, 11)), ("2.11.0+cu130", (2, 11)), ("2.14.0", (2, 14)), ("2.15.0+cu132", (2, 15)),
-    ("2.15.1", (2, 15)),
+    ("2.15.1", (2, 15)), ("2.15.0a0+git1234", (2, 15)),
 ])
-def test_a_torch_in_the_range_is_accepted(backend, version, series):
-    assert backend.check_torch(version, "/env/bin/python", ((2, 11), (2, 15))) == series
+def test_a_torch_in_the_range_is_accepted(setup_py, version, series):
+    assert setup_py.check_torch(version, SUPPORTED) == series
 
 
 @pytest.mark.parametrize("version", ["2.10.0", "2.16.0", "1.13.1", "3.0.0", "nightly"])
-def test_a_torch_outside_the_range_is_refused_with_what_to_install(backend, version):
-    with pytest.raises(backend.BuildError) as e:
-        backend.check_torch(version, "/env/bin/python", ((2, 11), (2, 15)))
+def test_a_torch_outside_the_range_is_refused_with_what_to_install(setup_py, version):
+    with pytest.raises(setup_py.BuildError) as e:
+        setup_py.check_torch(version, SUPPORTED)
     message = str(e.value)
-    assert f"is {version}" in message
+    assert f"is {version};" in message
     assert "supports torch 2.11 to 2.15" in message
-    assert "/env/bin/python -m pip install 'torch>=2.11,<2.16'" in message
+    assert "pip install 'torch>=2.11,<2.16'" in message
 
 
-def test_no_torch_says_to_install_one_first(backend):
-    with pytest.raises(backend.BuildError, match=r"has none: install one first \(/env/bin/python -m pip install "
-                                                 r"'torch>=2.11,<2.16'\)"):
-        backend.check_torch(None, "/env/bin/python", ((2, 11), (2, 15)))
+def test_the_lists_are_read_as_literals_and_name_existing_files(setup_py):
+    lists = setup_py.extension_lists()
+    assert set(lists) == {"EXTENSION_SOURCES", "EXTENSION_CUDA_SOURCES", "EXTENSION_HEADERS"}
+    every = [p for paths in lists.values() for p in paths]
+    assert len(every) == len(set(every)), "a file is listed twice"
+    assert all(p.endswith(".cc") for p in lists["EXTENSION_SOURCES"] + lists["EXTENSION_CUDA_SOURCES"])
+    assert not any(p.endswith(".cc") for p in lists["EXTENSION_HEADERS"])
+    missing = [p for p in every if not (REPO / p).is_file()]
+    assert not missing, f"listed in python/extension_sources.bzl but absent: {missing}"
+    # The sdist carries the lists' files and the table of the LibTorch rule.
+    assert setup_py.sdist_files() == every + ["third_party/libtorch/libtorch.bzl"]
 
 
-def test_the_torch_of_an_interpreter_is_read_without_importing_it(backend):
+def test_a_value_that_is_not_a_literal_is_refused(setup_py, tmp_path):
+    bzl = tmp_path / "sources.bzl"
+    bzl.write_text('load("//x:y.bzl", "Z")\nA = ["a.cc"]\nB = glob(["*.cc"])\n')
+    assert setup_py.bzl_values(bzl, ["A"]) == {"A": ["a.cc"]}
+    with pytest.raises(setup_py.BuildError, match="B must be a plain literal"):
+        setup_py.bzl_values(bzl, ["A", "B"])
+    with pytest.raises(setup_py.BuildError, match="has no C"):
+        setup_py.bzl_values(bzl, ["A", "C"])
+
+
+def test_the_sources_come_from_the_checkout_or_the_sdist_copy(setup_py, tmp_path):
+    assert setup_py.source_root(PYTHON_DIR) == REPO
+    unpacked = tmp_path / "reloadsafe-0.1.0"
+    (unpacked / "cpp").mkdir(parents=True)
+    assert setup_py.source_root(unpacked) == unpacked / "cpp"
+
+
+def test_the_extension_compiles_what_the_lists_name(setup_py):
+    # The one place setuptools takes its sources from; the Bazel side is held
+    # to the same lists by //python:extension_sources_test.
+    from torch.utils import cpp_extension
+
+    lists = setup_py.extension_lists()
+    ext = setup_py.torch_extension(cpp_extension, REPO)
+    expected = lists["EXTENSION_SOURCES"]
+    if setup_py.cuda_toolkit(cpp_extension):
+        expected = expected + lists["EXTENSION_CUDA_SOURCES"]
+    assert ext.name == "reloadsafe._C"
+    assert ext.sources == [str(REPO / p) for p in expected]
+    assert str(REPO) in ext.include_dirs
+
+
+def test_the_backend_finds_the_environments_torch_outside_the_isolation(backend, monkeypatch):
     import torch
 
-    # The distribution's version, without the local part (+cu132).
-    found = backend.target_torch(sys.executable, None)
-    assert found == importlib.metadata.version("torch")
-    assert torch.__version__.startswith(found)
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    # What pip's isolation sets must not hide the environment's own torch.
+    monkeypatch.setenv("PYTHONNOUSERSITE", "1")
+    monkeypatch.setenv("PYTHONPATH", "/nonexistent-isolated-site")
+    monkeypatch.delenv("RELOADSAFE_PYTHON", raising=False)
+    assert backend.target_python() == sys.executable
+    assert backend.environment_torch_site(sys.executable) == site
+    path = ["/isolated/site-packages"]
+    assert backend.expose_environment_torch(path) == site
+    assert backend.expose_environment_torch(path) == site
+    assert path == ["/isolated/site-packages", site], "appended once, after the isolated environment"
 
 
-def test_missing_debian_packages_are_named_in_one_command(backend, monkeypatch):
-    needs = [("present-pkg", lambda: True), ("absent-a", lambda: False), ("absent-b", lambda: False)]
-    assert backend.missing_debian_packages(needs) == ["absent-a", "absent-b"]
-    monkeypatch.setattr(backend, "_DEBIAN_NEEDS", needs)
-    monkeypatch.setattr(backend, "python_headers_missing", lambda python, env: False)
-    with pytest.raises(backend.BuildError) as e:
-        backend.check_machine(sys.executable, None)
-    assert "apt-get install -y --no-install-recommends absent-a absent-b\n" in str(e.value)
+def _wrapper(tmp_path, *flags):
+    """An executable that runs this interpreter with `flags`."""
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\nexec {sys.executable} {' '.join(flags)} \"$@\"\n")
+    fake.chmod(0o755)
+    return str(fake)
 
 
-def test_this_machine_has_what_the_build_needs(backend):
-    # The tests run against a package Bazel built here, so nothing is missing.
-    assert backend.missing_debian_packages() == []
-    assert not backend.python_headers_missing(sys.executable, None)
+def test_an_interpreter_without_torch_has_no_torch_site(backend, tmp_path, monkeypatch):
+    # -I -S: neither site-packages nor PYTHONPATH, so no torch.
+    fake = _wrapper(tmp_path, "-I", "-S")
+    assert backend.environment_torch_site(fake) is None
+    monkeypatch.setenv("RELOADSAFE_PYTHON", fake)
+    assert backend.target_python() == fake
+    assert backend.expose_environment_torch([]) is None
 
 
-def test_output_folders_are_kept_apart_per_torch_series(backend):
-    assert backend.bazel_flags((2, 15)) == ["--platform_suffix=pip-torch2.15"]
-    assert backend.bazel_flags((2, 11)) != backend.bazel_flags((2, 15))
+def test_another_python_version_is_refused(backend, tmp_path):
+    other = tmp_path / "python"
+    other.write_text("#!/bin/sh\necho 2.7\necho /somewhere/site-packages\n")
+    other.chmod(0o755)
+    with pytest.raises(SystemExit, match=r"is Python 2.7 but the build runs on Python \d+\.\d+"):
+        backend.environment_torch_site(str(other))
 
 
 def test_import_refuses_another_torch_and_says_how_to_rebuild():

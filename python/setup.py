@@ -1,0 +1,259 @@
+"""setuptools build of the `reloadsafe` package: the Python sources and the
+extension module reloadsafe._C, compiled by torch.utils.cpp_extension from the
+repository's C++ sources against the torch of the environment it is installed
+into (any of 2.11 to 2.15). It needs a C++ compiler (C++17; C++20 for torch
+2.14 and newer) and that torch; the build requirements (setuptools, ninja,
+the nlohmann-json headers) come from the Python package registry.
+
+    pip install ./python                  # from a checkout
+    tools/build_wheel.sh PYTHON OUT_DIR   # sdist, then a wheel for PYTHON's torch
+
+pip runs this file through build_backend/reloadsafe_build.py, which lets it
+import the environment's torch from pip's isolated build environment.
+
+What is compiled is python/extension_sources.bzl, the list Bazel's build of
+the same module reads (//python:extension_sources_test holds the two
+together); the C++ standard per torch series is third_party/libtorch/
+libtorch.bzl's table, as in the Bazel build. Both files are read as Python
+literals. In a checkout the C++ files are found in the repository; an sdist
+carries them (and that table) under cpp/.
+
+Compilation runs in parallel through ninja: MAX_JOBS=N limits the jobs
+(torch.utils.cpp_extension reads it).
+"""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import pathlib
+import re
+import shutil
+
+# setuptools and torch are imported where they are used, so the tests can
+# import this file's helpers wherever they run.
+
+HERE = pathlib.Path(__file__).resolve().parent
+# Where an sdist keeps the repository's files the build reads, by their paths
+# in the repository.
+SDIST_TREE = "cpp"
+LIBTORCH_BZL = "third_party/libtorch/libtorch.bzl"
+EXTENSION_NAME = "reloadsafe._C"
+# Optimised, without debug information: a debug build of these sources
+# (LibTorch's and pybind11's templates) compiles several times slower, and a
+# C++ backtrace is not what a user of the check reads.
+OPT_FLAGS = ["-O1", "-g0"]
+
+
+class BuildError(RuntimeError):
+    """A build that cannot go on, with what to do about it."""
+
+
+def source_root(here: pathlib.Path = HERE) -> pathlib.Path:
+    """The folder the repository-relative paths start from: the sdist's copy,
+    or the checkout this folder is part of."""
+    packed = here / SDIST_TREE
+    return packed if packed.is_dir() else here.parent
+
+
+def bzl_values(path: pathlib.Path, names: list[str]) -> dict:
+    """The values of the top-level assignments `names` in a .bzl file, which
+    must be Python literals (the file's other statements are not run)."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = {}
+    for node in tree.body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            continue
+        name = node.targets[0].id
+        if name in names:
+            try:
+                found[name] = ast.literal_eval(node.value)
+            except ValueError:
+                raise BuildError(f"{path}: {name} must be a plain literal") from None
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise BuildError(f"{path} has no {', '.join(missing)}")
+    return found
+
+
+def extension_lists(here: pathlib.Path = HERE) -> dict[str, list[str]]:
+    """EXTENSION_SOURCES, EXTENSION_CUDA_SOURCES and EXTENSION_HEADERS of
+    extension_sources.bzl."""
+    return bzl_values(here / "extension_sources.bzl",
+                      ["EXTENSION_SOURCES", "EXTENSION_CUDA_SOURCES", "EXTENSION_HEADERS"])
+
+
+def libtorch_table(root: pathlib.Path) -> tuple[tuple, list]:
+    """(SUPPORTED_TORCH, CXX_STANDARDS) of the Bazel build's LibTorch rule."""
+    values = bzl_values(root / LIBTORCH_BZL, ["SUPPORTED_TORCH", "CXX_STANDARDS"])
+    return values["SUPPORTED_TORCH"], values["CXX_STANDARDS"]
+
+
+def torch_series(version: str) -> tuple[int, int] | None:
+    """(2, 15) for "2.15.0+cu132" or "2.15.0a0"; None if it does not start
+    with two numbers."""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def check_torch(version: str, supported: tuple) -> tuple[int, int]:
+    """The series of torch `version`, or BuildError when it is outside
+    `supported` ((2, 11), (2, 15))."""
+    lo, hi = supported
+    series = torch_series(version)
+    if series is None or not lo <= series <= hi:
+        raise BuildError(
+            f"the torch of this environment is {version}; reloadsafe supports torch "
+            f"{lo[0]}.{lo[1]} to {hi[0]}.{hi[1]}: install one of those "
+            f"(pip install 'torch>={lo[0]}.{lo[1]},<{hi[0]}.{hi[1] + 1}') and build again.")
+    return series
+
+
+def cxx_standard(series: tuple[int, int], standards: list, aten_header: str = "") -> str:
+    """The -std= value torch `series` needs: the first CXX_STANDARDS entry not
+    newer than it, or newer if ATen/ATen.h itself demands it ("#error C++20 or
+    later ..."), as third_party/libtorch/libtorch.bzl decides."""
+    chosen = next((std for first, std in standards if series >= tuple(first)), None)
+    if chosen is None:
+        raise BuildError(f"CXX_STANDARDS has no entry for torch {series[0]}.{series[1]}")
+    m = re.search(r"^#error C\+\+(\d+) or later", aten_header, re.M)
+    if m and int(m.group(1)) > int(chosen[len("c++"):]):
+        chosen = "c++" + m.group(1)
+    return chosen
+
+
+def json_include() -> str:
+    """The folder holding nlohmann/json.hpp: the nlohmann-json build
+    requirement's."""
+    spec = importlib.util.find_spec("nlohmann_json")
+    if spec is None or not spec.submodule_search_locations:
+        raise BuildError("the nlohmann-json package (a build requirement in pyproject.toml) is not "
+                         "installed: pip installs it, or install it yourself with "
+                         "--no-build-isolation (pip install nlohmann-json)")
+    return os.path.join(list(spec.submodule_search_locations)[0], "include")
+
+
+def cuda_toolkit(cpp_extension) -> str | None:
+    """The CUDA Toolkit whose headers the CUDA host sources compile against,
+    when this torch is a CUDA build; None otherwise (those sources are then
+    left out, as Bazel leaves them out without a toolkit)."""
+    import torch
+
+    home = cpp_extension.CUDA_HOME
+    if torch.version.cuda is None or not home:
+        return None
+    return home if os.path.exists(os.path.join(home, "include", "cuda_runtime_api.h")) else None
+
+
+def torch_extension(cpp_extension, root: pathlib.Path):
+    """reloadsafe._C as torch.utils.cpp_extension builds it: the listed
+    sources, with the CUDA ones and LibTorch's CUDA libraries where a toolkit
+    is found."""
+    lists = extension_lists()
+    sources = lists["EXTENSION_SOURCES"]
+    make = cpp_extension.CppExtension
+    if cuda_toolkit(cpp_extension):
+        sources = sources + lists["EXTENSION_CUDA_SOURCES"]
+        make = cpp_extension.CUDAExtension
+    return make(
+        EXTENSION_NAME,
+        sources=[str(root / s) for s in sources],
+        include_dirs=[str(root)],
+        define_macros=[("AT_PER_OPERATOR_HEADERS", None)],
+        # Only the module's init function is exported, as in every PyTorch
+        # extension; the C++ standard is added when the torch is checked.
+        extra_compile_args={"cxx": ["-fvisibility=hidden", *OPT_FLAGS], "nvcc": []},
+        libraries=["dl"],
+    )
+
+
+def torch_build_ext(cpp_extension, root: pathlib.Path) -> type:
+    """torch.utils.cpp_extension.BuildExtension that first checks the torch,
+    adds the C++ standard it needs and the JSON headers."""
+
+    class TorchBuildExt(cpp_extension.BuildExtension):
+        def build_extensions(self) -> None:
+            import torch
+
+            try:
+                supported, standards = libtorch_table(root)
+                series = check_torch(torch.__version__, supported)
+                aten = pathlib.Path(torch.__file__).parent / "include" / "ATen" / "ATen.h"
+                std = cxx_standard(series, standards, aten.read_text() if aten.exists() else "")
+                json = json_include()
+            except BuildError as e:
+                raise SystemExit(f"reloadsafe: {e}") from None
+            print(f"[reloadsafe] compiling {EXTENSION_NAME} against torch {torch.__version__} "
+                  f"with -std={std}", flush=True)
+            for ext in self.extensions:
+                ext.include_dirs.append(json)
+                ext.extra_compile_args["cxx"].append(f"-std={std}")
+            super().build_extensions()
+
+        def get_source_files(self) -> list[str]:
+            # What sdist takes from the extension: nothing here, the C++ files
+            # lie outside this folder; sdist_command() copies them.
+            return []
+
+    return TorchBuildExt
+
+
+def no_torch_build_ext(why: Exception) -> type:
+    """A build_ext that stops, saying torch is needed, for an environment
+    where it cannot be imported (the sdist and metadata need no torch)."""
+    from setuptools.command.build_ext import build_ext
+
+    class NoTorchBuildExt(build_ext):
+        def run(self) -> None:
+            raise SystemExit(
+                f"reloadsafe: building {EXTENSION_NAME} needs torch (2.11 to 2.15) importable by the "
+                f"Python it is built for ({why}). Install torch there first; `pip install` finds it. "
+                "An isolated `python -m build` runs in a fresh environment without torch: set "
+                "RELOADSAFE_PYTHON=<the python whose torch to build against>, or pass --no-isolation.")
+
+        def get_source_files(self) -> list[str]:
+            return []
+
+    return NoTorchBuildExt
+
+
+def sdist_files(here: pathlib.Path = HERE) -> list[str]:
+    """The repository's files an sdist carries under cpp/: every file of
+    extension_sources.bzl and the LibTorch rule's table."""
+    lists = extension_lists(here)
+    return [*lists["EXTENSION_SOURCES"], *lists["EXTENSION_CUDA_SOURCES"],
+            *lists["EXTENSION_HEADERS"], LIBTORCH_BZL]
+
+
+def sdist_command() -> type:
+    """setuptools' sdist, which also copies sdist_files() under cpp/, so a
+    wheel builds from the sdist alone."""
+    from setuptools.command.sdist import sdist
+
+    class SdistWithCppSources(sdist):
+        def make_release_tree(self, base_dir: str, files: list[str]) -> None:
+            super().make_release_tree(base_dir, files)
+            root = source_root()
+            for rel in sdist_files():
+                dest = os.path.join(base_dir, SDIST_TREE, rel)
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                shutil.copy2(root / rel, dest)
+
+    return SdistWithCppSources
+
+
+def main() -> None:
+    from setuptools import Extension, setup
+
+    root = source_root()
+    try:
+        from torch.utils import cpp_extension
+    except ImportError as e:
+        ext, build_cls = Extension(EXTENSION_NAME, sources=[]), no_torch_build_ext(e)
+    else:
+        ext, build_cls = torch_extension(cpp_extension, root), torch_build_ext(cpp_extension, root)
+    setup(ext_modules=[ext], cmdclass={"build_ext": build_cls, "sdist": sdist_command()})
+
+
+if __name__ == "__main__":
+    main()
