@@ -6,7 +6,7 @@ The extension must be compiled against the torch of the environment it is
 installed into, not a torch of the registry's choosing: pip builds in an
 isolated environment whose packages (setuptools, ninja, nlohmann-json: the
 [build-system] requirements) come first on sys.path and from which the
-target environment's site-packages is removed. Before a hook that may build
+target environment's site-packages is removed. Before a hook that builds
 the extension runs setup.py, the site-packages folder that holds the target
 interpreter's torch is appended to sys.path (after the isolated
 environment's, so its setuptools still wins), so setup.py imports that torch
@@ -85,13 +85,14 @@ def _with_torch(hook):
     return run
 
 
-# The hooks that run setup.py for a wheel see the environment's torch; the
-# sdist's do not need it.
-get_requires_for_build_wheel = _with_torch(_setuptools.get_requires_for_build_wheel)
-prepare_metadata_for_build_wheel = _with_torch(_setuptools.prepare_metadata_for_build_wheel)
+# The hooks that build the extension see the environment's torch. The others
+# (requirements, metadata, the sdist) do not need it, and setup.py then
+# describes the extension without torch: importing it takes seconds a hook.
 build_wheel = _with_torch(_setuptools.build_wheel)
-get_requires_for_build_editable = _with_torch(_setuptools.get_requires_for_build_editable)
-prepare_metadata_for_build_editable = _with_torch(_setuptools.prepare_metadata_for_build_editable)
 build_editable = _with_torch(_setuptools.build_editable)
+get_requires_for_build_wheel = _setuptools.get_requires_for_build_wheel
+prepare_metadata_for_build_wheel = _setuptools.prepare_metadata_for_build_wheel
+get_requires_for_build_editable = _setuptools.get_requires_for_build_editable
+prepare_metadata_for_build_editable = _setuptools.prepare_metadata_for_build_editable
 get_requires_for_build_sdist = _setuptools.get_requires_for_build_sdist
 build_sdist = _setuptools.build_sdist
