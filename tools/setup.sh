@@ -21,6 +21,11 @@
 # - A second Python environment, $CACHE/venv-torch2.15, with the newest
 #   supported torch (the test command tests both ends of the range), and
 #   pytest-xdist in both (the newest-torch block below).
+# - Two more on the oldest and newest supported Python, $CACHE/venv-py3.10-
+#   torch2.11 and $CACHE/venv-py3.13-torch2.15, which the test command builds
+#   the package for without Bazel and installs it over (the installed-package
+#   block below). Python 3.10 and 3.13 are found as python3.10 / python3.13 on
+#   PATH, or through pyenv.
 set -euo pipefail
 
 TORCH_VERSION=2.11.0
@@ -159,33 +164,36 @@ install_python_packages() {
 NEWEST_TORCH_VERSION=2.15.0
 NEWEST_TORCH_SERIES="${NEWEST_TORCH_VERSION%.*}"
 VENV_NEWEST="$CACHE/venv-torch$NEWEST_TORCH_SERIES"
-TEST_EXTRAS=(pytest-xdist)
+
+# `build` makes the package's sdist (tools/build_wheel.sh).
+TEST_EXTRAS=(pytest-xdist build)
 
 # torch VERSION, pytest, numpy and the test extras are importable by python DIR/bin/python.
 torch_venv_ready() {
   local dir="$1" version="$2"
   [ -x "$dir/bin/python" ] || return 1
-  "$dir/bin/python" - "$version" <<'PY' 2>/dev/null
+  "$dir/bin/python" - "$version" "${TEST_EXTRAS[@]}" <<'PY' 2>/dev/null
 import importlib.metadata as m, sys
 if m.version("torch").split("+")[0] != sys.argv[1]:
     sys.exit(1)
-for name in ("pytest", "numpy", "pytest-xdist"):
+for name in ("pytest", "numpy", *sys.argv[2:]):
     m.version(name)
 PY
 }
 
 # A Python environment DIR with torch VERSION, pytest, numpy and the test
-# extras; left alone when it has them already.
+# extras, made with interpreter PYTHON (default python3); left alone when it
+# has them already.
 install_torch_venv() {
-  local dir="$1" version="$2"
+  local dir="$1" version="$2" python="${3:-python3}"
   if torch_venv_ready "$dir" "$version"; then
-    say "Python environment: torch $version, pytest, pytest-xdist, numpy present in $dir"
+    say "Python environment: torch $version, pytest, numpy, ${TEST_EXTRAS[*]} present in $dir"
     return
   fi
   if [ ! -x "$dir/bin/python" ] || ! "$dir/bin/python" -c pass 2>/dev/null; then
-    say "Python environment: creating $dir with $(python3 --version 2>&1)"
+    say "Python environment: creating $dir with $("$python" --version 2>&1)"
     rm -rf "$dir"
-    python3 -m venv "$dir" || die "python3 -m venv failed: install python3-venv"
+    "$python" -m venv "$dir" || die "$python -m venv failed: install its venv module (python3-venv)"
   fi
   say "Python environment: installing torch==$version, pytest, numpy, ${TEST_EXTRAS[*]} into $dir (about 3 GB to download)"
   "$dir/bin/python" -m pip install --progress-bar on "torch==$version" "pytest>=7" numpy "${TEST_EXTRAS[@]}"
@@ -194,6 +202,49 @@ install_torch_venv() {
 }
 
 # --- end of the newest-torch block --------------------------------------------
+
+# --- The installed package on the oldest and newest Python --------------------
+# The test command (tools/pip_install_test.sh) builds the package as a user's
+# pip does (tools/build_wheel.sh: setuptools, no Bazel) on the oldest and the
+# newest supported Python, each with one end of the torch range, installs it
+# into a fresh environment layered over one of these, and runs python/tests
+# there. Made like the environments above (torch with its nvidia-*/CUDA
+# packages, pytest, numpy, the test extras), without the real quantization
+# libraries and transformers: python/tests/real skips those tests, saying so.
+INSTALL_TEST_PAIRS=("3.10 $TORCH_VERSION" "3.13 $NEWEST_TORCH_VERSION")
+
+# The path of a Python X.Y interpreter: pythonX.Y on PATH (Debian's, or a
+# pyenv shim that is active), else pyenv's newest X.Y; nothing if neither.
+find_python() {
+  local want="$1" p latest
+  if p="$(command -v "python$want")" &&
+    [ "$("$p" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" = "$want" ]; then
+    echo "$p"
+    return
+  fi
+  if command -v pyenv >/dev/null && latest="$(pyenv latest "$want" 2>/dev/null)"; then
+    p="$(pyenv root)/versions/$latest/bin/python$want"
+    [ -x "$p" ] && echo "$p"
+  fi
+  return 0
+}
+
+# A missing Python is reported here and fails the test command's
+# pip-install area (tools/pip_install_test.sh says what to install); the rest
+# of set-up goes on.
+install_test_venvs() {
+  local pair py version python
+  for pair in "${INSTALL_TEST_PAIRS[@]}"; do
+    read -r py version <<<"$pair"
+    python="$(find_python "$py")"
+    if [ -z "$python" ]; then
+      say "warning: Python $py not found (python$py on PATH, or pyenv): the test command's installed-package tests on Python $py will fail until it is installed"
+      continue
+    fi
+    install_torch_venv "$CACHE/venv-py$py-torch${version%.*}" "$version" "$python"
+  done
+}
+# --- end of the installed-package block ------------------------------------------
 
 # The lint environment (tools/lint.sh): ruff and mypy, pinned, in a venv of
 # their own without torch, so lint's verdict does not depend on the torch
@@ -231,6 +282,7 @@ install_torch_venv "$VENV" "$TORCH_VERSION"
 install_quant_libraries
 install_torch_venv "$VENV_NEWEST" "$NEWEST_TORCH_VERSION"
 install_quant_libraries "$VENV_NEWEST"
+install_test_venvs
 note_old_cache
 check_libtorch_override
 install_python_packages

@@ -30,6 +30,11 @@
 #    built, copied outside the checkout, gpu_check.sh --no-gpu with nothing of
 #    Bazel's in its environment; every part starts and each GPU test skips
 #    for want of a device. Area `gpu-bundle`.
+# 9. The package as a user installs it (tools/pip_install_test.sh), on the
+#    oldest supported Python with the oldest torch and the newest with the
+#    newest: built by setuptools with no `bazel` on PATH (tools/build_wheel.sh,
+#    sdist then wheel), installed into a fresh environment, python/tests run
+#    there with -n 2. Areas `pip-py3.10-torch2.11`, `pip-py3.13-torch2.15`.
 # The summary ends with the torch versions the tests recorded.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -81,6 +86,18 @@ cache="${RELOADSAFE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/reloadsafe}"
 "$cache/venv/bin/python" -m pytest -q -p no:cacheprovider tools/gpu_bundle_test.py --junitxml="$bundle_xml" || status=$?
 newest_results+=(--junit "gpu-bundle=$bundle_xml")
 # --- end of 8 -------------------------------------------------------------------
+
+# --- 9: the installed package, without Bazel, on the oldest and newest Python ----
+for pair in "3.10 2.11" "3.13 2.15"; do
+  read -r py series <<<"$pair"
+  echo "[test] installed package: Python $py, torch $series (tools/pip_install_test.sh)"
+  pip_xml="$(dirname "$pytest_xml")/pip-py$py-torch$series.xml"
+  pip_start=$SECONDS
+  tools/pip_install_test.sh "$py" "$series" "$pip_xml" || status=$?
+  echo "[test] installed package on Python $py: $((SECONDS - pip_start)) s"
+  newest_results+=(--pytest-xml "pip-py$py-torch$series=$pip_xml")
+done
+# --- end of 9 -------------------------------------------------------------------
 
 tools/summarize_tests.py --pytest-xml "python=$pytest_xml" --junit "tsan=$tsan_xml" "${newest_results[@]}" "$testlogs" || status=$?
 exit $status
