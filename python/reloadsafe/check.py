@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import inspect
-import textwrap
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Callable
 
@@ -222,7 +221,10 @@ def check_reload(
 check_reload.__signature__ = inspect.signature(check_reload).replace(  # type: ignore[attr-defined]
     parameters=[p for p in inspect.signature(check_reload).parameters.values()
                 if p.kind is not inspect.Parameter.VAR_KEYWORD] + step_parameters())
-check_reload.__doc__ = (check_reload.__doc__ or "").rstrip() + "\n\n" + textwrap.indent(steps_doc(), "    ") + "\n"
+# The docstring is cleaned first: Python 3.13 strips its indentation at
+# compile time and 3.10-3.12 do not, so indenting the steps to match would
+# give two texts.
+check_reload.__doc__ = inspect.cleandoc(check_reload.__doc__ or "") + "\n\n" + steps_doc() + "\n"
 
 
 def _raise_for_a_cold_load_that_failed(subject: LayerSubject, report: Any) -> None:
