@@ -134,6 +134,15 @@ def json_include() -> str:
     return os.path.join(list(spec.submodule_search_locations)[0], "include")
 
 
+def stable_copy(include: str, dest: pathlib.Path) -> str:
+    """`include` copied to `dest`, with its files' times, and `dest`. pip's
+    isolated build environment has a new path on every build; the JSON
+    headers' include flag must not, or ninja recompiles every source of an
+    in-tree build (pip install ./python) that changed nothing."""
+    shutil.copytree(include, dest, dirs_exist_ok=True)
+    return str(dest)
+
+
 def cuda_toolkit(cpp_extension) -> str | None:
     """The CUDA Toolkit whose headers the CUDA host sources compile against,
     when this torch is a CUDA build; None otherwise (those sources are then
@@ -181,7 +190,7 @@ def torch_build_ext(cpp_extension, root: pathlib.Path) -> type:
                 series = check_torch(torch.__version__, supported)
                 aten = pathlib.Path(torch.__file__).parent / "include" / "ATen" / "ATen.h"
                 std = cxx_standard(series, standards, aten.read_text() if aten.exists() else "")
-                json = json_include()
+                json = stable_copy(json_include(), pathlib.Path(self.build_temp) / "nlohmann_json")
             except BuildError as e:
                 raise SystemExit(f"reloadsafe: {e}") from None
             print(f"[reloadsafe] compiling {EXTENSION_NAME} against torch {torch.__version__} "
