@@ -58,11 +58,8 @@ for d in "${dirs[@]}"; do
   if [ -e "$d/bazel" ]; then
     shadow="$work/path/${#new_path[@]}"
     mkdir -p "$shadow"
-    for f in "$d"/* "$d"/.[!.]*; do
-      [ -e "$f" ] || continue
-      case "$(basename "$f")" in bazel | bazel-* | bazelisk) continue ;; esac
-      ln -s "$f" "$shadow/"
-    done
+    ln -s "$d"/* "$shadow"/
+    rm -f "$shadow"/bazel "$shadow"/bazel-* "$shadow"/bazelisk
     new_path+=("$shadow")
   else
     new_path+=("$d")
