@@ -9,13 +9,13 @@
 #    pip install vllm==0.33.0 pytest: about 3 minutes and 9.5 GB the first
 #    time, from the package registry); a few seconds when it is there.
 # 2. This checkout's reloadsafe into it (pip install --force-reinstall
-#    --no-deps ./python: Bazel builds the extension against that torch, in
-#    its own output folders per torch series; minutes the first time in a
-#    checkout, seconds after).
+#    --no-deps ./python: setuptools builds the extension against that torch,
+#    python/setup.py; minutes the first time in a checkout, seconds after
+#    while the checkout's python/build/ was last built for that torch).
 # 3. pytest over python/tests/vllm on vLLM's CPU platform, offline, the
 #    results to JUNIT_XML.
 #
-# Run tools/setup.sh first (Bazel and the packages the build reads).
+# Needs a C++ compiler (tools/setup.sh installs it with the rest).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 [ $# -ge 1 ] || { echo "usage: tools/vllm_check.sh JUNIT_XML [pytest args]" >&2; exit 2; }
