@@ -69,7 +69,7 @@ LAYERS = (
           below=("trace",)),
     Layer(
         "harness: subject",
-        tuple(_H + f for f in ("subject.h", "run_options.h", "layer_state.*")),
+        tuple(_H + f for f in ("subject.h", "run_options.h", "layer_state.*", "internal/all_close.*")),
         below=("trace",),
     ),
     Layer("harness: report",
@@ -86,7 +86,7 @@ LAYERS = (
         "harness: protocol",
         tuple(_H + f for f in ("protocol.*", "checkpoint_pools.*", "values.*", "cold_loads.*", "cold_start.*",
                                "device_graph.*", "device_graph_cuda.cc", "forward_capture.*",
-                               "forward_checks.*", "mode_memory.*", "internal/all_close.*")),
+                               "forward_checks.*", "mode_memory.*")),
         below=("harness: steps", "trace: capture"),
     ),
     Layer("harness: harness", tuple(_H + f for f in ("backend.*", "harness.*", "module_cache.*")),

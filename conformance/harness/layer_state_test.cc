@@ -47,6 +47,7 @@ TEST(FormatNumber, PrintsAsPythonDoes) {
 // Each row: the live side's value of one name against the cold side's.
 TEST(StateDifferences, NamesWhatDiffersAndSaysHow) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
   struct Row {
     const char* name;
     at::Tensor live, cold;
@@ -61,6 +62,19 @@ TEST(StateDifferences, NamesWhatDiffersAndSaysHow) {
       {"nan on both sides", at::tensor({1.0, nan}), at::tensor({1.0, nan}), ""},
       {"nan on both sides, numbers off", at::tensor({1.0, nan}), at::tensor({2.0, nan}),
        "max |diff| 1"},
+      // Float and double go through all_close's one pass, contiguous or not;
+      // other floating dtypes through at::allclose. Both give one verdict.
+      {"double within tolerance", at::ones({3}, at::kDouble), at::ones({3}, at::kDouble) + 1e-7,
+       ""},
+      {"double off", at::ones({3}, at::kDouble), at::ones({3}, at::kDouble) + 1e-3,
+       "max |diff| 0.001"},
+      {"transposed equal", at::eye(3).t(), at::eye(3), ""},
+      {"transposed off", at::arange(6, at::kFloat).view({2, 3}).t(),
+       at::arange(6, at::kFloat).view({3, 2}), "max |diff| 2"},
+      {"infinities equal", at::tensor({inf, -inf}), at::tensor({inf, -inf}), ""},
+      {"infinities off", at::tensor({inf, 1.0}), at::tensor({-inf, 1.0}), "max |diff| inf"},
+      {"bfloat16 equal", at::ones({3}, at::kBFloat16), at::ones({3}, at::kBFloat16), ""},
+      {"bfloat16 off", at::ones({3}, at::kBFloat16), at::zeros({3}, at::kBFloat16), "max |diff| 1"},
       {"integers", at::tensor({1, 2, 3}), at::tensor({1, 5, 6}), "2 of 3 elements differ"},
       {"another shape", at::ones({2, 2}), at::ones({4}), "float32[2, 2]"},
       {"another dtype", at::ones({4}, at::kHalf), at::ones({4}), "float16[4]"},

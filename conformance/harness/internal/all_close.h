@@ -1,8 +1,9 @@
 // all_close.h: at::allclose(a, b, rtol, atol, /*equal_nan=*/true) in one
-// pass, for the protocol's output comparisons.
+// pass, for the protocol's output and state comparisons.
 //
 // The protocol compares two forward outputs after every reload (the live
-// forward and the captured replay, each against a fresh cold load).
+// forward and the captured replay, each against a fresh cold load), and
+// under compare_state every tensor the layer holds (layer_state.h).
 // at::allclose builds a dozen temporaries (==, isnan, -, abs, *, +, <=,
 // isfinite, &, |, all) and dispatches each of them: on a small layer's
 // output that was half of a harness run's instructions (callgrind, the
