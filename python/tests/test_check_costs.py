@@ -162,3 +162,69 @@ def test_the_callers_gc_state_is_left_as_it_was():
     finally:
         gc.unfreeze()
     del keep
+
+
+# Note [Crossings per reload]
+# The protocol runs in C++ and asks a Python layer only for the subject's
+# primitives (conformance/harness/subject.h): a load, a post-processing, a
+# forward, what the layer holds by name, a sleep. Per reload, over both
+# modes: the live layer's load, post-processing and forward in each mode
+# (2 each), one cold load of the checkpoint with its forward (the second
+# mode reuses its output: cold_loads.h), one checkpoint drawn per mode, and
+# the live layer's named tensors once per mode (the address check). A step
+# adds what it needs: compare_state a cold layer per mode and both layers'
+# state (tensors, numbers, module caches); sleep the buffers to restore and
+# the sleep itself. A crossing more is a rule that moved back into Python or
+# a step asking twice; the rows say where.
+_HANDLE = ("load", "process", "forward", "named_tensors", "named_objects", "named_numbers",
+           "parameters", "buffers", "sleep_and_wake")
+_SUBJECT = ("info", "draw_checkpoint", "draw_input", "new_layer", "cache_tensors", "empty_caches",
+            "restore_caches")
+_DEFAULT = {"load": 3, "process": 3, "forward": 3, "named_tensors": 2, "draw_checkpoint": 2,
+            "new_layer": 1, "empty_caches": 1, "restore_caches": 1}
+
+
+@pytest.mark.parametrize(
+    "steps,per_reload",
+    [
+        ({}, _DEFAULT),
+        ({"compare_state": True},
+         {**_DEFAULT, "load": 5, "process": 5, "named_tensors": 6, "named_numbers": 4,
+          "cache_tensors": 4, "new_layer": 3, "empty_caches": 3, "restore_caches": 3}),
+        ({"sleep": 2},
+         {**_DEFAULT, "named_tensors": 4, "buffers": 2, "sleep_and_wake": 2, "cache_tensors": 2}),
+    ],
+    ids=["default", "compare_state", "sleep"],
+)
+def test_a_reload_crosses_into_python_only_for_the_subjects_primitives(monkeypatch, steps, per_reload):
+    from reloadsafe import layer_subject
+
+    from sample_layers import Transposed
+
+    counts: dict[str, int] = {}
+
+    def counted(cls, name):
+        method = getattr(cls, name)
+
+        def call(*args, **kwargs):
+            counts[name] = counts.get(name, 0) + 1
+            return method(*args, **kwargs)
+
+        monkeypatch.setattr(cls, name, call)
+
+    for name in _HANDLE:
+        counted(layer_subject.LayerHandle, name)
+    for name in _SUBJECT:
+        counted(layer_subject.LayerSubject, name)
+
+    def crossings(reloads):
+        counts.clear()
+        report = check_reload(Transposed, torch.randn(4, 32), reloads=reloads, **steps)
+        assert report.ok, report
+        return dict(counts)
+
+    # The difference of two runs is what one reload costs; what a run does
+    # once (its start, the capture, the checks of the first reload) cancels.
+    few, more = crossings(2), crossings(6)
+    measured = {name: (more.get(name, 0) - few.get(name, 0)) / 4 for name in set(few) | set(more)}
+    assert {k: v for k, v in measured.items() if v} == per_reload
