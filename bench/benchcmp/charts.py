@@ -93,7 +93,7 @@ def chart_throughput(plt: Any, stats: Mapping[str, Stats], title: str, path: str
     cols = min(n, 2)
     rows = (n + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 4.5 * rows), squeeze=False)
-    for ax, (group, series) in zip(axes.flat, sorted(panels.items())):
+    for ax, (group, series) in zip(axes.flat, sorted(panels.items()), strict=False):
         overlay = limits.get(_destination(group), {}) if not group.startswith("BM_Limit") else {}
         _draw_throughput(ax, group, series, overlay)
     for ax in list(axes.flat)[n:]:

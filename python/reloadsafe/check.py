@@ -13,8 +13,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import inspect
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 

@@ -12,8 +12,8 @@ import functools
 import gc
 import numbers
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, Callable, Union
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeAlias
 
 import torch
 
@@ -40,7 +40,7 @@ __all__ = ["LayerHandle", "LayerSubject", "MODES", "whole_number"]
 #: storage).
 MODES = ("normal", "direct")
 
-LayerOrFactory = Union[torch.nn.Module, Callable[[], torch.nn.Module]]
+LayerOrFactory: TypeAlias = torch.nn.Module | Callable[[], torch.nn.Module]
 LoadFn = Callable[[torch.nn.Module, Mapping[str, torch.Tensor]], None]
 ProcessFn = Callable[[torch.nn.Module], None]
 ForwardFn = Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]

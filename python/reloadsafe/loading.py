@@ -3,8 +3,7 @@ checkpoints from a layer's parameters, and the default load through each
 parameter's ``weight_loader``."""
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 

@@ -19,8 +19,8 @@ shows the layer's lines.
 """
 from __future__ import annotations
 
-from collections.abc import Generator
-from typing import Any, Callable
+from collections.abc import Callable, Generator
+from typing import Any
 
 import pytest
 

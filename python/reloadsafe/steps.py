@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import inspect
 import numbers
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 

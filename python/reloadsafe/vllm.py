@@ -35,8 +35,8 @@ import contextlib
 import functools
 import socket
 import weakref
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Callable, TypeVar, Union
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -60,7 +60,7 @@ __all__ = [
 #: A weight loader's shard id: "q"/"k"/"v" for QKVParallelLinear, the index
 #: of the merged output for MergedColumnParallelLinear, None for a tensor
 #: loaded whole.
-ShardId = Union[str, int, None]
+ShardId = str | int | None
 
 #: Checkpoint tensor name -> (parameter name in the layer, shard id). A name
 #: not in the map is loaded whole into the parameter of that name.

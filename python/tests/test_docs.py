@@ -14,7 +14,7 @@ def _blocks(page):
 
 
 def test_real_code_page_runs():
-    pytest.importorskip("transformers", reason="docs/real-code.md's examples need transformers (tools/setup.sh installs it)")
+    pytest.importorskip("transformers", reason="docs/real-code.md's examples need transformers (not in this environment: pip install it; the main test environment tools/setup.sh makes has it)")
     blocks = _blocks("real-code.md")
     assert len(blocks) >= 2
     namespace: dict = {}

@@ -187,11 +187,11 @@ class _HostBackups:
         if self.keep_every_cycle or not self.cycles:
             self.cycles.append([p.detach().to("cpu", copy=True) for p in params])
         else:
-            for host, p in zip(self.cycles[-1], params):
+            for host, p in zip(self.cycles[-1], params, strict=True):
                 host.copy_(p.detach())
         for p in params:
             discard(p)  # asleep: the device pages are gone
-        for host, p in zip(self.cycles[-1], params):
+        for host, p in zip(self.cycles[-1], params, strict=True):
             p.detach().copy_(host)  # wake: back from the newest host copy
 
 

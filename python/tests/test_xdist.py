@@ -8,7 +8,7 @@ import pytest
 
 import reloadsafe
 
-pytest.importorskip("xdist", reason="pytest-xdist is not installed (tools/setup.sh installs it)")
+pytest.importorskip("xdist", reason="pytest-xdist is not installed (not in this environment: pip install it; the main test environment tools/setup.sh makes has it)")
 
 LAYERS = '''
 import torch

@@ -65,9 +65,9 @@ def main() -> int:
     widths = [max(len(r[i]) for r in rows + [("layer", "verdict", "flagged", "time")]) for i in range(4)]
     widths[2] = min(widths[2], 110)
     header = ("layer", "verdict", "flagged", f"time (reloads={args.reloads})")
-    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
     for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.repeat} runs")
     return 1 if wrong else 0
 

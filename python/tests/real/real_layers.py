@@ -593,4 +593,4 @@ def need(cls: Any) -> None:
     if cls.library is not None:
         import pytest
 
-        pytest.importorskip(cls.library, reason=f"{cls.__name__} needs {cls.library} (tools/setup.sh installs it)")
+        pytest.importorskip(cls.library, reason=f"{cls.__name__} needs {cls.library} (not in this environment: pip install it; the main test environment tools/setup.sh makes has it)")

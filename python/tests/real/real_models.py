@@ -326,6 +326,6 @@ def need(case: ModelCase) -> None:
     not installed."""
     import pytest
 
-    pytest.importorskip("transformers", reason="whole-model checks need transformers (tools/setup.sh installs it)")
+    pytest.importorskip("transformers", reason="whole-model checks need transformers (not in this environment: pip install it; the main test environment tools/setup.sh makes has it)")
     if case.library is not None:
-        pytest.importorskip(case.library, reason=f"{case.name} needs {case.library} (tools/setup.sh installs it)")
+        pytest.importorskip(case.library, reason=f"{case.name} needs {case.library} (not in this environment: pip install it; the main test environment tools/setup.sh makes has it)")

@@ -165,7 +165,7 @@ def test_first_forward_state_kept_is_part_of_the_baseline():
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("bitsandbytes") is None, reason="needs bitsandbytes (tools/setup.sh installs it)"
+    importlib.util.find_spec("bitsandbytes") is None, reason="needs bitsandbytes (not in this environment: pip install it; the main test environment tools/setup.sh makes has it)"
 )
 def test_real_linear4bit_first_forward_repack_where_the_cpu_has_it():
     """On a CPU with AVX512-BF16 bitsandbytes' own Linear4bit repacks its

@@ -77,7 +77,7 @@ def test_the_replay_catches_a_stale_read_on_a_whole_model():
     # A Llama whose final norm is read through a copy kept outside the
     # module, refreshed by rebinding on every reload: the captured ops,
     # replayed, read the old copy, and the check says so by its read.
-    pytest.importorskip("transformers", reason="whole-model checks need transformers (tools/setup.sh installs it)")
+    pytest.importorskip("transformers", reason="whole-model checks need transformers (not in this environment: pip install it; the main test environment tools/setup.sh makes has it)")
     kept = {}
 
     def make():

@@ -21,8 +21,8 @@ import dataclasses
 import importlib.metadata
 import json
 import os
-from collections.abc import Iterator, Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import pytest
 

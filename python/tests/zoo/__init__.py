@@ -28,8 +28,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
-from collections.abc import Iterable, Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 

@@ -3,8 +3,7 @@ idiom the fixes use, and checkpoints whose names are not the layer's
 parameters (an engine's sharded checkpoint, loaded by its own load function)."""
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 

@@ -259,11 +259,11 @@ class CpuBackupSleep:
         if self.keep_old or not cycles:
             cycles.append([p.to("cpu", copy=True) for p in params])
         else:
-            for host, p in zip(cycles[-1], params):
+            for host, p in zip(cycles[-1], params, strict=True):
                 host.copy_(p)
         for p in params:
             p.fill_(float("nan"))  # paused: the device pages are released
-        for host, p in zip(cycles[-1], params):
+        for host, p in zip(cycles[-1], params, strict=True):
             p.copy_(host)  # resumed from the newest copy
 
 
