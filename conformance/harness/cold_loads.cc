@@ -3,10 +3,12 @@
 #include "conformance/harness/cold_loads.h"
 
 #include "conformance/harness/values.h"
+#include "conformance/trace/sparse_parts.h"
 
 #include <ATen/core/Tensor.h>
 
 #include <cstring>
+#include <string>
 
 namespace reloadsafe::harness {
 namespace {
@@ -65,6 +67,32 @@ bool fingerprint(const Checkpoint& ckpt, const at::Tensor& x, uint64_t* out) {
   return true;
 }
 
+// A digest of what `state` holds (Note [A cold state kept as its digest]);
+// false when a tensor of it cannot be read as plain CPU bytes.
+bool state_digest(const LayerState& state, uint64_t* out) {
+  uint64_t h = 0x84222325CBF29CE4ull;
+  const auto mix_name = [&](const std::string& name) {
+    h = mix(h, name.size());
+    for (char c : name) h = mix(h, static_cast<unsigned char>(c));
+  };
+  bool readable = true;
+  for (const NamedTensor& n : state.tensors) {
+    trace::for_each_part(n.name, n.tensor, [&](const std::string& name, const at::Tensor& t) {
+      mix_name(name);
+      readable = readable && mix_tensor(&h, t);
+    });
+    if (!readable) return false;
+  }
+  for (const NamedNumber& n : state.numbers) {
+    mix_name(n.name);
+    uint64_t bits = 0;
+    std::memcpy(&bits, &n.value, sizeof bits);
+    h = mix(mix(h, bits), n.integral ? 1 : 0);
+  }
+  *out = h;
+  return true;
+}
+
 // Whether `t` is the only handle on its bytes and they are exactly its own:
 // no other tensor object and no other tensor on its storage (a workspace
 // the layer keeps and writes again, a view of a weight), contiguous from the
@@ -94,6 +122,27 @@ at::Tensor ColdLoadOutputs::forward(int r, const Checkpoint& ckpt, const at::Ten
     kept_[r] = Kept{print, std::move(kept)};
   }
   return out;
+}
+
+void ColdLoadOutputs::keep_state(int r, const Checkpoint& ckpt, const at::Tensor& x,
+                                 const LayerState& cold) {
+  uint64_t print = 0;
+  uint64_t digest = 0;
+  if (!keep_ || kept_states_.count(r) > 0 || !fingerprint(ckpt, x, &print) ||
+      !state_digest(cold, &digest)) {
+    return;
+  }
+  kept_states_[r] = KeptState{print, digest};
+}
+
+bool ColdLoadOutputs::matches_kept_state(int r, const Checkpoint& ckpt, const at::Tensor& x,
+                                         const LayerState& live) const {
+  const auto it = kept_states_.find(r);
+  uint64_t print = 0;
+  uint64_t digest = 0;
+  return it != kept_states_.end() && fingerprint(ckpt, x, &print) &&
+         print == it->second.fingerprint && state_digest(live, &digest) &&
+         digest == it->second.digest;
 }
 
 std::vector<const void*> ColdLoadOutputs::kept_data() const {

@@ -19,11 +19,26 @@
 // subject's: the memory census of the mode that makes them does not count
 // them.
 //
+// Note [A cold state kept as its digest]
+// compare_state compares each reload's live state with the state of a cold
+// load of the same checkpoint, in both modes; the second mode's cold loads
+// would rebuild the first's layers. Keeping those states would keep a whole
+// layer per reload, so what is kept is a digest of each (64 bits, mixed as
+// the fingerprint is: every name, each tensor's dtype, sizes and bytes, a
+// sparse tensor part by part, each host number's bits), under the reload's
+// number and its checkpoint's fingerprint. A later mode's live state with
+// the same digest holds, name by name, the bytes the cold load held: no
+// difference to find, and no layer is built aside. Any other state, or one
+// a digest cannot read (off the CPU, a tensor subclass), is compared with a
+// fresh cold load as before. As for the kept outputs, a false match needs
+// two 64-bit digests of different states to collide.
+//
 // Invariant: a kept output is reused only for the same reload number and a
 // checkpoint and input with the same fingerprint; anything else is computed
-// afresh.
+// afresh. The same holds for a kept state digest.
 #pragma once
 
+#include "conformance/harness/layer_state.h"
 #include "conformance/harness/subject.h"
 
 #include <ATen/core/Tensor.h>
@@ -47,6 +62,15 @@ class ColdLoadOutputs {
   at::Tensor forward(int r, const Checkpoint& ckpt, const at::Tensor& x,
                      const std::function<at::Tensor()>& cold_forward);
 
+  /// Keeps the digest of `cold`, the state of a cold load for reload `r` of
+  /// `ckpt` with input `x`, for a later mode (Note [A cold state kept as its
+  /// digest]); nothing where outputs are not kept or `cold` has no digest.
+  void keep_state(int r, const Checkpoint& ckpt, const at::Tensor& x, const LayerState& cold);
+  /// Whether `live` holds exactly the state kept for reload `r` of the same
+  /// `ckpt` and `x`: then a cold load would show no difference from it.
+  bool matches_kept_state(int r, const Checkpoint& ckpt, const at::Tensor& x,
+                          const LayerState& live) const;
+
   /// Bytes of the copies kept so far (the census discounts those made in its mode).
   int64_t kept_bytes() const { return kept_bytes_; }
 
@@ -59,8 +83,13 @@ class ColdLoadOutputs {
     uint64_t fingerprint;
     at::Tensor output;
   };
+  struct KeptState {
+    uint64_t fingerprint;
+    uint64_t digest;
+  };
   bool keep_;
   std::map<int, Kept> kept_;
+  std::map<int, KeptState> kept_states_;
   int64_t kept_bytes_ = 0;
 };
 

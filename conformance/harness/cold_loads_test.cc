@@ -1,11 +1,13 @@
 // ColdLoadOutputs (Note [One cold load per checkpoint]): a kept output is
 // reused for the same reload number, checkpoint and input, and for nothing
-// else, down to a single changed byte anywhere in a tensor.
+// else, down to a single changed byte anywhere in a tensor; a kept state's
+// digest matches the same state only.
 
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 
 #include "conformance/harness/cold_loads.h"
 
+#include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
@@ -14,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -103,6 +106,68 @@ TEST(ColdLoadOutputs, NothingIsKeptWhenKeepingIsOff) {
   outputs.forward(1, byte_checkpoint(), x, std::ref(fwd));
   EXPECT_EQ(fwd.calls, 2);
   EXPECT_EQ(outputs.kept_bytes(), 0);
+}
+
+// Note [A cold state kept as its digest]: a state kept in one mode matches a
+// later state only when every name, dtype, size, byte and number is the same.
+LayerState byte_state() {
+  return LayerState{{{"w", at::arange(77, at::kByte), true}, {"scale", at::ones({3}), true}},
+                    {{"k_scale", 0.5, false}, {"steps", 3, true}}};
+}
+
+TEST(ColdLoadOutputs, AKeptStateMatchesOnlyTheSameState) {
+  struct Case {
+    std::string label;
+    std::function<void(LayerState&)> change;  // empty: the same state
+    bool matches;
+  };
+  const std::vector<Case> cases = {
+      {"the same state, other tensors", [](LayerState&) {}, true},
+      {"one byte of a tensor", [](LayerState& s) { s.tensors[0].tensor[40] = 0; }, false},
+      {"a tensor's name", [](LayerState& s) { s.tensors[1].name = "scale2"; }, false},
+      {"a tensor's dtype", [](LayerState& s) { s.tensors[1].tensor = at::ones({3}, at::kDouble); },
+       false},
+      {"a tensor's sizes",
+       [](LayerState& s) {
+         s.tensors[1].tensor = at::ones({1, 3});
+       },
+       false},
+      {"a number", [](LayerState& s) { s.numbers[0].value = 0.25; }, false},
+      {"a number's name", [](LayerState& s) { s.numbers[1].name = "step"; }, false},
+      {"a name less", [](LayerState& s) { s.tensors.pop_back(); }, false},
+  };
+  const at::Tensor x = at::ones({2, 2});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.label);
+    ColdLoadOutputs kept(/*keep=*/true);
+    kept.keep_state(1, byte_checkpoint(), x, byte_state());
+    LayerState live = byte_state();
+    c.change(live);
+    EXPECT_EQ(kept.matches_kept_state(1, byte_checkpoint(), x, live), c.matches);
+  }
+}
+
+TEST(ColdLoadOutputs, AKeptStateIsForItsReloadAndCheckpointOnly) {
+  const at::Tensor x = at::ones({2, 2});
+  ColdLoadOutputs kept(/*keep=*/true);
+  EXPECT_FALSE(kept.matches_kept_state(1, byte_checkpoint(), x, byte_state()));  // none kept
+  kept.keep_state(1, byte_checkpoint(), x, byte_state());
+  EXPECT_TRUE(kept.matches_kept_state(1, byte_checkpoint(), x, byte_state()));
+  EXPECT_FALSE(kept.matches_kept_state(2, byte_checkpoint(), x, byte_state()));
+  Checkpoint other = byte_checkpoint();
+  other["scale"][0] = 2;
+  EXPECT_FALSE(kept.matches_kept_state(1, other, x, byte_state()));
+  EXPECT_FALSE(kept.matches_kept_state(1, byte_checkpoint(), x * 2, byte_state()));
+
+  ColdLoadOutputs off(/*keep=*/false);
+  off.keep_state(1, byte_checkpoint(), x, byte_state());
+  EXPECT_FALSE(off.matches_kept_state(1, byte_checkpoint(), x, byte_state()));
+  // A state with a tensor a digest cannot read (here: on the meta device)
+  // is not kept, and never matches.
+  LayerState meta = byte_state();
+  meta.tensors[1].tensor = at::ones({3}, at::TensorOptions().device(at::kMeta));
+  kept.keep_state(2, byte_checkpoint(), x, meta);
+  EXPECT_FALSE(kept.matches_kept_state(2, byte_checkpoint(), x, meta));
 }
 
 }  // namespace

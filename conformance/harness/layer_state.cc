@@ -74,7 +74,7 @@ std::string tensor_difference(const at::Tensor& live, const at::Tensor& cold) {
     // One pass where all_close answers (float and double, which is what
     // most layers hold): at::allclose dispatches a dozen operators per
     // tensor, and a layer's state is compared after every reload.
-    const std::optional<bool> close = all_close(a.contiguous(), b.contiguous(), kRtol, kAtol);
+    const std::optional<bool> close = all_close(a, b, kRtol, kAtol);
     if (close.value_or(false)) return "";
     if (!close && at::allclose(a, b, kRtol, kAtol, /*equal_nan=*/true)) return "";
     const at::Tensor a64 = a.is_complex() ? at::view_as_real(a).to(at::kDouble) : a.to(at::kDouble);

@@ -209,6 +209,14 @@ class ModeRun final : public ModeContext {
                               const at::Tensor& forward_input) override {
     return memory_.aside([&] { return cold_state(subject_, info_, ckpt, loads, forward_input); });
   }
+  std::optional<LayerState> cold_state_to_compare(const Reload& reload,
+                                                  const LayerState& live) override {
+    ColdLoadOutputs& kept = shared_.cold_loads;
+    if (kept.matches_kept_state(reload.index, reload.checkpoint, input_, live)) return std::nullopt;
+    LayerState cold = cold_state_aside(reload.checkpoint, 1, {});
+    kept.keep_state(reload.index, reload.checkpoint, input_, cold);
+    return cold;
+  }
   at::Tensor cold_forward_aside(const Checkpoint& ckpt, const at::Tensor& x) override {
     return memory_.aside([&] { return cold_forward(subject_, ckpt, x); });
   }

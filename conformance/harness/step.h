@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,12 @@ class ModeContext {
   /// the live layer's memory (Note [What the layers made aside keep]).
   virtual LayerState cold_state_aside(const Checkpoint& ckpt, int loads,
                                       const at::Tensor& forward_input) = 0;
+  /// The state to compare `live`, the live layer's after `reload`, with:
+  /// cold_state_aside(checkpoint, 1, {}), or nothing when an earlier mode's
+  /// cold load of the same checkpoint held exactly what `live` holds (Note
+  /// [A cold state kept as its digest] in cold_loads.h: no layer is built).
+  virtual std::optional<LayerState> cold_state_to_compare(const Reload& reload,
+                                                          const LayerState& live) = 0;
   /// The forward on `x` of a cold load of `ckpt` built aside (cold_forward
   /// in layer_life.h), counted as cold_state_aside's layers are.
   virtual at::Tensor cold_forward_aside(const Checkpoint& ckpt, const at::Tensor& x) = 0;

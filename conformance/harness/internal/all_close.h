@@ -13,8 +13,9 @@
 // equal_nan=true: an element is close when both are equal (infinities
 // included), both are NaN, or |a - b| is finite and <= atol + |rtol * b|,
 // computed in the tensors' dtype as at::isclose computes it. It answers for
-// CPU tensors of one dtype, float or double, contiguous, of the same sizes,
-// without the negative bit; std::nullopt otherwise (ask at::allclose).
+// CPU tensors of one dtype, float or double, of the same sizes, without the
+// negative bit (a non-contiguous one is read through a contiguous copy);
+// std::nullopt otherwise (ask at::allclose).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -71,11 +71,20 @@ TEST(AllClose, AgreesWithAllcloseOnRandomOutputs) {
   }
 }
 
+TEST(AllClose, ReadsViewsAsAllcloseDoes) {
+  const at::Tensor a = at::randn({6, 8});
+  // A transposed view against a contiguous copy of it, and a narrowed one.
+  expect_as_allclose(a.t(), a.t().contiguous(), "transposed, equal");
+  expect_as_allclose(a.t(), a.t().contiguous() + 1e-3, "transposed, off");
+  expect_as_allclose(a.narrow(1, 0, 5), a.narrow(1, 0, 5).clone(), "narrowed, equal");
+  expect_as_allclose(a.narrow(1, 1, 5), a.narrow(1, 0, 5), "narrowed, shifted");
+  EXPECT_TRUE(all_close(a.t(), a.t(), kTol, kTol).has_value()) << "decided, not left";
+}
+
 TEST(AllClose, LeavesWhatItCannotDecideToAllclose) {
   const at::Tensor a = at::randn({4, 6});
   EXPECT_FALSE(all_close(a, a.to(at::kDouble), kTol, kTol).has_value()) << "two dtypes";
   EXPECT_FALSE(all_close(a.to(at::kHalf), a.to(at::kHalf), kTol, kTol).has_value()) << "half";
-  EXPECT_FALSE(all_close(a.t(), a.t(), kTol, kTol).has_value()) << "not contiguous";
   EXPECT_FALSE(all_close(a, a.reshape({6, 4}), kTol, kTol).has_value()) << "other sizes";
   EXPECT_FALSE(all_close(a._neg_view(), a, kTol, kTol).has_value()) << "negative bit";
   EXPECT_FALSE(all_close(at::Tensor(), a, kTol, kTol).has_value()) << "undefined";

@@ -21,14 +21,15 @@ class CompareStateStep : public Step {
   // writes is not the reload's.
   void after_reload(ModeContext& mode, const Reload& reload) override {
     const LayerState live = mode.live_state();
-    const LayerState cold = mode.cold_state_aside(reload.checkpoint, 1, {});
-    const std::vector<StateDifference> differences = state_differences(live, cold);
+    const std::optional<LayerState> cold = mode.cold_state_to_compare(reload, live);
+    if (!cold) return;  // what a cold load of this checkpoint held, byte for byte
+    const std::vector<StateDifference> differences = state_differences(live, *cold);
     if (differences.empty()) return;
     if (!not_idempotent_) {
       // Asked once per mode, of the first checkpoint that shows a difference.
       not_idempotent_.emplace();
       const LayerState twice = mode.cold_state_aside(reload.checkpoint, 2, {});
-      for (const StateDifference& d : state_differences(twice, cold)) {
+      for (const StateDifference& d : state_differences(twice, *cold)) {
         not_idempotent_->insert(d.name);
       }
     }
