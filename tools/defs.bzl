@@ -137,15 +137,35 @@ def rs_cuda_library(name, srcs, deps = [], **kwargs):
     else:
         native.cc_library(name = name, deps = deps, **kwargs)
 
-def rs_gpu_test(name, srcs, deps = [], size = "medium", tags = [], **kwargs):
+def rs_gpu_test(
+        name,
+        srcs,
+        deps = [],
+        size = "medium",
+        tags = [],
+        needs_cuda_headers = True,
+        **kwargs):
     """A test that needs a CUDA device.
 
     Tagged `gpu` (out of the default run; `bazel test --config=gpu //...` runs
     it). At run time it skips with a reason where no device is visible. On a
     machine without the CUDA Toolkit it is replaced by a test that skips and
-    says so, because the sources need CUDA headers to compile.
+    says so, because the sources need CUDA headers to compile; with
+    `needs_cuda_headers = False` (sources written against c10's
+    device-generic API) the sources are built there too, against LibTorch's
+    CPU library, and skip at run time.
     """
-    if CUDA_FOUND:
+    if not CUDA_FOUND and not needs_cuda_headers:
+        native.cc_test(
+            name = name,
+            srcs = srcs,
+            size = size,
+            copts = RS_COPTS,
+            tags = tags + ["gpu"],
+            deps = deps + [_TORCH_CPU, _GTEST_MAIN],
+            **kwargs
+        )
+    elif CUDA_FOUND:
         native.cc_test(
             name = name,
             srcs = srcs,

@@ -13,9 +13,11 @@
 # 3. The Python package's tests (python/tests) with the set-up's venv pytest,
 #    against the package Bazel builds (//python:package, on PYTHONPATH; the
 #    venv itself is not changed). Counted in the summary as area `python`.
-# 4. `bazel test --config=tsan //utils:tensor_attrs_test`: the attribute
-#    table's concurrency test (threads sharing one tensor) under
-#    ThreadSanitizer, in its own output folders. Counted as area `tsan`.
+# 4. `bazel test --config=tsan //utils:tensor_attrs_test //utils:file_loader_test`:
+#    the attribute table's concurrency test (threads sharing one tensor) and
+#    the file loader's (threads sharing one loader, its ring and counters)
+#    under ThreadSanitizer, in their own output folders. Counted as area
+#    `tsan`.
 # 5. The newest supported torch (2.15; 1-3 are against the default, 2.11):
 #    `bazel test --config=torch2.15 //...` (the C++ suite, in its own output
 #    folders) and the Python tests in the cache's venv-torch2.15. Counted as
@@ -49,9 +51,13 @@ echo "[test] python: bazel build //python:package, then pytest python/tests"
 pytest_xml="$(mktemp -d)/pytest.xml"
 trap 'rm -rf "$(dirname "$pytest_xml")"' EXIT
 tools/pytest.sh "$pytest_xml" || status=$?
-echo "[test] bazel test --config=tsan //utils:tensor_attrs_test $*"
-bazel test --config=tsan "$@" //utils:tensor_attrs_test || status=$?
-tsan_xml="$(readlink -f bazel-testlogs)/utils/tensor_attrs_test/test.xml"
+tsan_targets=(//utils:tensor_attrs_test //utils:file_loader_test)
+echo "[test] bazel test --config=tsan ${tsan_targets[*]} $*"
+bazel test --config=tsan "$@" "${tsan_targets[@]}" || status=$?
+tsan_junit=()
+for target in "${tsan_targets[@]}"; do
+  tsan_junit+=(--junit "tsan=$(readlink -f bazel-testlogs)/utils/${target#//utils:}/test.xml")
+done
 
 # --- 5-6: the newest supported torch, and the external-repository path ------
 newest=2.15
@@ -99,5 +105,5 @@ for pair in "3.10 2.11" "3.13 2.15"; do
 done
 # --- end of 9 -------------------------------------------------------------------
 
-tools/summarize_tests.py --pytest-xml "python=$pytest_xml" --junit "tsan=$tsan_xml" "${newest_results[@]}" "$testlogs" || status=$?
+tools/summarize_tests.py --pytest-xml "python=$pytest_xml" "${tsan_junit[@]}" "${newest_results[@]}" "$testlogs" || status=$?
 exit $status
