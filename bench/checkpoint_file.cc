@@ -40,7 +40,8 @@ int64_t page_bytes() {
 
 }  // namespace
 
-CheckpointFile::CheckpointFile(int64_t nbytes) : nbytes_(nbytes) {
+CheckpointFile::CheckpointFile(int64_t nbytes, bool safetensors)
+    : nbytes_(nbytes), data_offset_(safetensors ? 4096 : 0) {
   TORCH_CHECK(nbytes > 0 && nbytes % 8 == 0, "CheckpointFile: size ", nbytes,
               " must be a positive multiple of 8");
   std::string path = scratch_dir() + "/reloadsafe_bench_XXXXXX";
@@ -48,6 +49,17 @@ CheckpointFile::CheckpointFile(int64_t nbytes) : nbytes_(nbytes) {
   TORCH_CHECK(fd_ >= 0, "CheckpointFile: cannot create a file in ", scratch_dir(), ": ",
               errno_text(), " (set RELOADSAFE_BENCH_DIR to a writable folder)");
   unlink(path.c_str());
+  if (safetensors) {
+    // The header, padded with spaces so that the data starts at 4096.
+    std::string json = "{\"weight\":{\"dtype\":\"U8\",\"shape\":[" + std::to_string(nbytes) +
+                       "],\"data_offsets\":[0," + std::to_string(nbytes) + "]}}";
+    json.resize(data_offset_ - 8, ' ');
+    std::string header(8, '\0');
+    for (int i = 0; i < 8; ++i) header[i] = static_cast<char>((json.size() >> (8 * i)) & 0xFF);
+    header += json;
+    TORCH_CHECK(pwrite(fd_, header.data(), header.size(), 0) == data_offset_,
+                "CheckpointFile: writing the safetensors header failed: ", errno_text());
+  }
   write_contents();
 }
 
@@ -60,8 +72,8 @@ void CheckpointFile::write_contents() const {
     const int64_t n = std::min<int64_t>(static_cast<int64_t>(chunk.size()) * 8, nbytes_ - done);
     for (int64_t w = 0; w < n / 8; ++w) chunk[w] = done + 8 * w;
     for (int64_t put = 0; put < n;) {
-      const ssize_t wrote =
-          pwrite(fd_, reinterpret_cast<const char*>(chunk.data()) + put, n - put, done + put);
+      const ssize_t wrote = pwrite(fd_, reinterpret_cast<const char*>(chunk.data()) + put, n - put,
+                                   data_offset_ + done + put);
       TORCH_CHECK(wrote > 0, "CheckpointFile: writing ", nbytes_, " bytes to ", scratch_dir(),
                   " failed at byte ", done + put, ": ", errno_text());
       put += wrote;
@@ -86,6 +98,19 @@ const CheckpointFile& CheckpointFile::shared(int64_t nbytes) {
   return *file;
 }
 
+const CheckpointFile& CheckpointFile::shared_safetensors(int64_t nbytes) {
+  static std::mutex mutex;
+  static std::map<int64_t, std::unique_ptr<CheckpointFile>> files;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& file = files[nbytes];
+  if (!file) file = std::make_unique<CheckpointFile>(nbytes, /*safetensors=*/true);
+  return *file;
+}
+
+std::string CheckpointFile::path() const {
+  return "/proc/self/fd/" + std::to_string(fd_);
+}
+
 void CheckpointFile::drop_cached() const {
   const int err = posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);
   TORCH_CHECK(err == 0, "posix_fadvise(POSIX_FADV_DONTNEED) failed: ", std::strerror(err));
@@ -108,7 +133,7 @@ void CheckpointFile::make_warm_reread() const {
 }
 
 double CheckpointFile::resident_fraction() const {
-  void* p = mmap(nullptr, nbytes_, PROT_READ, MAP_PRIVATE, fd_, 0);
+  void* p = mmap(nullptr, nbytes_, PROT_READ, MAP_PRIVATE, fd_, data_offset_);
   TORCH_CHECK(p != MAP_FAILED, "mmap for mincore failed: ", errno_text());
   const int64_t pages = (nbytes_ + page_bytes() - 1) / page_bytes();
   std::vector<unsigned char> vec(pages);
@@ -123,7 +148,7 @@ double CheckpointFile::resident_fraction() const {
 void CheckpointFile::read(void* dst, int64_t offset, int64_t n) const {
   auto* out = static_cast<char*>(dst);
   for (int64_t done = 0; done < n;) {
-    const ssize_t got = pread(fd_, out + done, n - done, offset + done);
+    const ssize_t got = pread(fd_, out + done, n - done, data_offset_ + offset + done);
     TORCH_CHECK(got > 0, "pread of ", n, " bytes at ", offset, " failed after ", done,
                 " bytes: ", got == 0 ? std::string("end of file") : errno_text());
     done += got;
@@ -144,7 +169,8 @@ bool CheckpointFile::holds_contents(const at::Tensor& t) const {
 
 ReadOnlyMapping::ReadOnlyMapping(const CheckpointFile& file, int extra_flags)
     : nbytes_(file.nbytes()) {
-  data_ = mmap(nullptr, nbytes_, PROT_READ, MAP_PRIVATE | extra_flags, file.fd(), 0);
+  data_ =
+      mmap(nullptr, nbytes_, PROT_READ, MAP_PRIVATE | extra_flags, file.fd(), file.data_offset());
   TORCH_CHECK(data_ != MAP_FAILED, "mmap of ", nbytes_, " bytes failed: ", errno_text());
 }
 

@@ -2,8 +2,12 @@
 // mappings of it, and the page-cache controls the copy benchmarks need.
 //
 // Invariant: a CheckpointFile's bytes never change after construction (the
-// 8-byte word at byte offset i holds i, so a copy that lands at the wrong
-// offset is caught), and every mapping of it is read-only. So warm and cold
+// 8-byte word at byte offset i of its data holds i, so a copy that lands at
+// the wrong offset is caught), and every mapping of it is read-only. Its
+// data is the whole file, or, for shared_safetensors(), the data section of
+// a safetensors file of one U8 tensor named "weight" (a header padded to
+// 4096 bytes, then the data): offsets, reads and mappings below are all
+// relative to the data's first byte. So warm and cold
 // runs read identical bytes, and no benchmark can dirty the file's pages:
 // dirty pages would survive POSIX_FADV_DONTNEED and turn a "cold" run warm.
 // (make_warm_as_written() writes the same bytes again, and syncs them.)
@@ -32,6 +36,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <string>
 
 namespace reloadsafe::bench {
 
@@ -40,7 +45,7 @@ class CheckpointFile {
   /// Creates a file of `nbytes` (a multiple of 8) in scratch_dir(), writes
   /// the pattern (in writes of up to 64 MiB) and fsyncs it. The file is
   /// unlinked at once: it disappears with the process, even if it is killed.
-  explicit CheckpointFile(int64_t nbytes);
+  explicit CheckpointFile(int64_t nbytes, bool safetensors = false);
   ~CheckpointFile();
   CheckpointFile(const CheckpointFile&) = delete;
   CheckpointFile& operator=(const CheckpointFile&) = delete;
@@ -49,6 +54,15 @@ class CheckpointFile {
   /// on first use, kept until exit), so strategies of one size read the same
   /// file and the disk holds one file per size.
   static const CheckpointFile& shared(int64_t nbytes);
+
+  /// The same as a safetensors file (one U8 tensor "weight" of `nbytes`),
+  /// for loaders that read the format.
+  static const CheckpointFile& shared_safetensors(int64_t nbytes);
+
+  /// A path that opens this (unlinked) file: /proc/self/fd/<fd> (Linux).
+  std::string path() const;
+  /// Where the data starts in the file: 0, or 4096 for a safetensors file.
+  int64_t data_offset() const { return data_offset_; }
 
   int fd() const { return fd_; }
   int64_t nbytes() const { return nbytes_; }
@@ -84,6 +98,7 @@ class CheckpointFile {
   void write_contents() const;
 
   int64_t nbytes_;
+  int64_t data_offset_ = 0;
   int fd_;
   // Whether the page cache may no longer hold the file as written (it was
   // evicted since). Benchmarks of one process run one at a time.

@@ -15,7 +15,9 @@
 //                cold: evicted (POSIX_FADV_DONTNEED) before each iteration
 //                (Note [Page-cache folios] in checkpoint_file.h)
 //   strategy     mmap_copy, copy_weight_touch, populate_read, map_populate,
-//                pread (CPU), pread_pinned_staging (CUDA); see kStrategies
+//                pread (CPU), pread_pinned_staging (CUDA), file_loader (the
+//                same bytes as a safetensors file, through utils/file_loader.h:
+//                on the destination's thread count); see kStrategies
 // and BM_Limit/<destination>/<limit>/bytes:<N>/manual_time for the limits:
 // memcpy and AVX2 streaming-store copies between resident buffers (the copy
 // limit of a size is the faster of the two; split over the threads for
@@ -38,6 +40,7 @@
 #include "bench/limit_copy.h"
 #include "utils/copy_weight.h"
 #include "utils/dense_copy.h"
+#include "utils/file_loader.h"
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
@@ -96,7 +99,8 @@ enum class StrategyId {
   kPopulateRead,
   kMapPopulate,
   kPread,
-  kStaging
+  kStaging,
+  kFileLoader
 };
 
 struct Strategy {
@@ -119,6 +123,10 @@ constexpr Strategy kStrategies[] = {
     {StrategyId::kStaging, "pread_pinned_staging",
      "pread into two reused pinned buffers, host-to-device copies overlapped on a stream", false,
      true},
+    {StrategyId::kFileLoader, "file_loader",
+     "FileLoader::load_ of a safetensors file (utils/file_loader.h): pread on the "
+     "destination's threads into a CPU tensor, its pinned staging ring to a device",
+     true, true},
 };
 
 /// Where the bytes go.
@@ -264,7 +272,10 @@ void file_copy(benchmark::State& state, const Destination& dest, Cache cache,
   guarded(state, [&] {
     ScopedThreads scoped(dest.threads);
     const int64_t nbytes = state.range(0);
-    const CheckpointFile& file = CheckpointFile::shared(nbytes);
+    // The loader reads the format; the others the same bytes, headerless.
+    const bool loader = strategy.id == StrategyId::kFileLoader;
+    const CheckpointFile& file =
+        loader ? CheckpointFile::shared_safetensors(nbytes) : CheckpointFile::shared(nbytes);
     at::Tensor dst;
 #if RELOADSAFE_BENCH_CUDA
     std::unique_ptr<PinnedStaging> staging;
@@ -280,6 +291,22 @@ void file_copy(benchmark::State& state, const Destination& dest, Cache cache,
     // The zero fill runs on the current stream; staging copies on another.
     if (dest.cuda) c10::cuda::device_synchronize();
 #endif
+    // One loader per benchmark, as an engine keeps one across reloads: its
+    // staging ring is allocated by the untimed first load.
+    std::unique_ptr<FileLoader> file_loader;
+    LoadTargets targets;
+    if (loader) {
+      FileLoaderOptions options;
+      options.threads = dest.threads;
+      file_loader = std::make_unique<FileLoader>(options);
+      targets["weight"] = {dst, std::nullopt};
+      file_loader->load_({file.path()}, targets);
+      dst.zero_();  // so that the check after the timed loads sees their bytes
+#if RELOADSAFE_BENCH_CUDA
+      if (dest.cuda) c10::cuda::device_synchronize();
+#endif
+      if (cache == Cache::kWarm) file.make_warm_as_written();
+    }
 
     time_iterations(state, &file, cache, [&] {
       switch (strategy.id) {
@@ -313,6 +340,9 @@ void file_copy(benchmark::State& state, const Destination& dest, Cache cache,
 #if RELOADSAFE_BENCH_CUDA
           staging->load(file, dst);
 #endif
+          break;
+        case StrategyId::kFileLoader:
+          file_loader->load_({file.path()}, targets);
           break;
       }
       finish(dest);

@@ -3,6 +3,7 @@
 #include "utils/file_loader.h"
 
 #include "utils/copy_weight.h"
+#include "utils/dense_copy.h"
 #include "utils/safetensors_header.h"
 
 #include <ATen/DeviceAccelerator.h>
@@ -49,6 +50,41 @@ struct OpenFile {
   OpenFile& operator=(const OpenFile&) = delete;
 };
 
+// A read-only private mapping of a whole file; unmapped on destruction.
+class FileMapping {
+ public:
+  explicit FileMapping(const OpenFile& f) : nbytes_(static_cast<size_t>(f.header.file_size)) {
+    data_ = mmap(nullptr, nbytes_, PROT_READ, MAP_PRIVATE, f.fd, 0);
+    TORCH_CHECK(data_ != MAP_FAILED, "load_: mapping ", f.path, " failed: ", std::strerror(errno));
+  }
+  ~FileMapping() { munmap(data_, nbytes_); }
+  FileMapping(const FileMapping&) = delete;
+  FileMapping& operator=(const FileMapping&) = delete;
+
+  const uint8_t* bytes() const { return static_cast<const uint8_t*>(data_); }
+
+  // Faults in the pages of [offset, offset + n) (MADV_POPULATE_READ): false
+  // where the kernel lacks it (before Linux 5.14); throws on other errors
+  // (the file shrank since its header was read).
+  bool populate(int64_t offset, int64_t n, const std::string& path) const {
+    static const int64_t page = sysconf(_SC_PAGESIZE);
+    const int64_t first = offset / page * page;
+    if (madvise(static_cast<char*>(data_) + first, static_cast<size_t>(offset + n - first),
+                kPopulateRead) == 0) {
+      return true;
+    }
+    TORCH_CHECK(errno == EINVAL, "load_: reading ", path, " at byte ", offset,
+                " failed: ", std::strerror(errno),
+                " (did the file shrink after its header was read?)");
+    return false;
+  }
+
+ private:
+  static constexpr int kPopulateRead = 22;  // MADV_POPULATE_READ, Linux 5.14
+  void* data_;
+  size_t nbytes_;
+};
+
 // Reads exactly `n` bytes at `offset`; throws on an error or an early end.
 void pread_fully(const OpenFile& f, void* dst, int64_t offset, int64_t n) {
   auto* out = static_cast<uint8_t*>(dst);
@@ -90,16 +126,6 @@ class FirstError {
   std::exception_ptr error_;
   std::atomic<bool> failed_{false};
 };
-
-// Runs `body(i)` on `threads` threads (the caller's among them) and joins.
-template <class Body>
-void run_on_threads(int threads, Body&& body) {
-  std::vector<std::thread> others;
-  others.reserve(static_cast<size_t>(std::max(0, threads - 1)));
-  for (int i = 1; i < threads; ++i) others.emplace_back([&body, i] { body(i); });
-  body(0);
-  for (std::thread& t : others) t.join();
-}
 
 }  // namespace
 
@@ -316,26 +342,26 @@ int64_t FileLoader::load_(const std::vector<std::string>& paths, const LoadTarge
   return total;
 }
 
+// See Note [Which read] in the header: a populated mapping and dense_copy_
+// (split over LibTorch's threads) into the destination's bytes.
 void FileLoader::load_direct_(const Plan& plan) {
-  const std::vector<Chunk> chunks = chunks_of(plan.host, options_.chunk_bytes);
-  std::atomic<size_t> next{0};
-  FirstError error;
-  const int threads =
-      static_cast<int>(std::min<size_t>(static_cast<size_t>(options_.threads), chunks.size()));
-  run_on_threads(threads, [&](int) {
-    try {
-      for (size_t k = next.fetch_add(1); k < chunks.size() && !error.failed();
-           k = next.fetch_add(1)) {
-        const Chunk& c = chunks[k];
-        pread_fully(*c.item->file, host_bytes(*c.item) + c.offset, c.item->file_offset + c.offset,
-                    c.nbytes);
-        bytes_read_.fetch_add(c.nbytes, std::memory_order_relaxed);
+  for (const auto& file : plan.files) {
+    std::optional<FileMapping> map;
+    for (const LoadItem& item : plan.host) {
+      if (item.file != file.get() || item.nbytes == 0) continue;
+      if (!map) map.emplace(*file);
+      uint8_t* dst = host_bytes(item);
+      if (map->populate(item.file_offset, item.nbytes, file->path)) {
+        const at::TensorOptions bytes = at::TensorOptions().dtype(at::kByte);
+        dense_copy_(at::from_blob(dst, {item.nbytes}, bytes),
+                    at::from_blob(const_cast<uint8_t*>(map->bytes()) + item.file_offset,
+                                  {item.nbytes}, bytes));
+      } else {
+        pread_fully(*file, dst, item.file_offset, item.nbytes);
       }
-    } catch (...) {
-      error.set(std::current_exception());
+      bytes_read_.fetch_add(item.nbytes, std::memory_order_relaxed);
     }
-  });
-  error.rethrow();
+  }
 }
 
 FileLoader::Ring& FileLoader::ring_locked_(bool pinned) {
@@ -469,24 +495,19 @@ void FileLoader::load_staged_(const Plan& plan, c10::Device device) {
 }
 
 void FileLoader::load_mapped_(const Plan& plan) {
-  for (const LoadItem& item : plan.device) {
-    const OpenFile& f = *item.file;
-    void* map =
-        mmap(nullptr, static_cast<size_t>(f.header.file_size), PROT_READ, MAP_PRIVATE, f.fd, 0);
-    TORCH_CHECK(map != MAP_FAILED, "load_: mapping ", f.path, " failed: ", std::strerror(errno));
-    try {
-      at::Tensor src = at::from_blob(static_cast<uint8_t*>(map) + item.file_offset, {item.nbytes},
-                                     at::TensorOptions().dtype(at::kByte));
+  for (const auto& file : plan.files) {
+    std::optional<FileMapping> map;
+    for (const LoadItem& item : plan.device) {
+      if (item.file != file.get() || item.nbytes == 0) continue;
+      if (!map) map.emplace(*file);
+      at::Tensor src = at::from_blob(const_cast<uint8_t*>(map->bytes()) + item.file_offset,
+                                     {item.nbytes}, at::TensorOptions().dtype(at::kByte));
       at::Tensor dst =
           item.dst.reshape({-1}).view(at::kByte).narrow(0, item.dst_offset, item.nbytes);
-      copy_weight_(dst, src);
-    } catch (...) {
-      munmap(map, static_cast<size_t>(f.header.file_size));
-      throw;
+      copy_weight_(dst, src);  // the page touch, then the copy
+      bytes_read_.fetch_add(item.nbytes, std::memory_order_relaxed);
+      mapped_copies_.fetch_add(1, std::memory_order_relaxed);
     }
-    munmap(map, static_cast<size_t>(f.header.file_size));
-    bytes_read_.fetch_add(item.nbytes, std::memory_order_relaxed);
-    mapped_copies_.fetch_add(1, std::memory_order_relaxed);
   }
 }
 

@@ -14,9 +14,12 @@
 // next replay.
 //
 // How it reads:
-//  - CPU destinations: pread straight into the destination's bytes, in
-//    chunks spread over the loader's threads. No staging, no mapping.
-//    (Note [Which read] has the measurements that chose pread.)
+//  - CPU destinations: a read-only mapping of the file, its pages faulted in
+//    with MADV_POPULATE_READ over each tensor's range, then dense_copy_
+//    (utils/dense_copy.h: memcpy or streaming stores, split over LibTorch's
+//    intra-op threads) into the destination's bytes; pread into them where
+//    the kernel lacks MADV_POPULATE_READ. No staging. (Note [Which read]
+//    has the measurements that chose this.)
 //  - Device destinations on a discrete GPU: the staging ring. Reader threads
 //    pread chunks into the ring's slots (pinned host memory, allocated once
 //    per loader on its first staged load and reused by every later load);
@@ -26,10 +29,10 @@
 //    stream finished, and the copy stream first waits for the device's
 //    current stream, so work queued before the load that reads the
 //    destinations sees the old bytes.
-//  - Device destinations on an integrated GPU (is_integrated_gpu): a
-//    read-only mapping of the file and copy_weight_ per tensor, the page
-//    touch of utils/copy_weight.h: host and device share memory there, and
-//    the staging copy would be a second pass over the same memory.
+//  - Device destinations on an integrated GPU (is_integrated_gpu): the
+//    mapping and copy_weight_ per tensor, the page touch of
+//    utils/copy_weight.h: host and device share memory there, and the
+//    staging copy would be a second pass over the same memory.
 //
 // The device side uses c10's device-generic API (VirtualGuardImpl, Stream,
 // Event, copy_ under a stream guard), so this file builds against a CPU-only
@@ -41,19 +44,27 @@
 // that no destination asks for are not read.
 //
 // Note [Which read]
-// For CPU destinations the loader reads with pread into the destination,
-// split over threads. Measured on this project's 2-vCPU VMs (AMD EPYC, ext4,
-// Linux 6.18, file resident in the page cache as written; 256 MiB, GB/s,
-// medians of 5, one thread unless said):
-//   pread into the destination                       see the numbers below
-//   O_DIRECT pread (4 KiB-aligned, 8 MiB requests)   see the numbers below
-//   mmap(MAP_POPULATE) + dense_copy_                 see the numbers below
-// O_DIRECT goes to the disk whatever the page cache holds, so a warm
-// checkpoint reads at the disk's rate; it also needs buffers, offsets and
-// lengths aligned to the logical block, which a safetensors tensor's bytes
-// and a destination tensor's address are not. A populated mapping pays the
-// page-table set-up and tear-down on every load (Note [Page-cache folios]
-// in bench/checkpoint_file.h) before it copies.
+// Three ways of getting a resident file's bytes into a CPU tensor, measured
+// on the 2-vCPU VM this was written on (Intel Xeon family 6 model 167, ext4,
+// Linux 6.18, file resident as written; copy_bench, one run, medians of 5,
+// GB/s, one thread; the limit is the faster of memcpy and streaming stores
+// between resident buffers):
+//
+//   size                                 16 MiB   64 MiB   256 MiB
+//   pread into the destination            13.1      7.0      5.9
+//   MADV_POPULATE_READ + dense_copy_      12.2     12.3     11.2
+//   MAP_POPULATE + dense_copy_            12.0     12.0     11.1
+//   copy limit                            12.8     11.9     11.3
+//
+// O_DIRECT (8 MiB requests into an aligned buffer; a separate run, median of
+// 7) read 1.4 GB/s at 64 MiB and 1.7 at 256 MiB where pread read 5.1 and 6.6
+// in the same run: it reads the disk whatever the page cache holds, and needs
+// block-aligned buffers, offsets and lengths that a tensor's bytes are not.
+// pread's copy in the kernel falls to about half the limit from 64 MiB on,
+// and on both cores it stayed there (7.0 and 5.8); a populated mapping
+// costs the page-table work and then copies at the limit. So CPU
+// destinations are copied out of a populated mapping; the staging ring,
+// whose slots are small and reused, is filled with pread.
 //
 // Usage:
 //   reloadsafe::FileLoader loader;  // keep it: its ring is reused
@@ -90,11 +101,12 @@ using LoadTargets = std::map<std::string, LoadTarget>;
 
 /// How a FileLoader reads. The defaults suit a checkpoint load.
 struct FileLoaderOptions {
-  /// Reader threads (the calling thread is one of them for CPU
-  /// destinations); 0: the CPUs this process may use, at most 8.
+  /// Reader threads of the staging ring; 0: the CPUs this process may use,
+  /// at most 8. (CPU destinations are copied on LibTorch's intra-op threads,
+  /// as dense_copy_ does.)
   int threads = 0;
   /// The size of one read, and of one staging slot.
-  int64_t chunk_bytes = int64_t{16} << 20;
+  int64_t chunk_bytes = int64_t{8} << 20;
   /// Staging slots in the ring (device destinations); at least 2.
   int ring_slots = 4;
   /// Loads CPU destinations through the staging ring too (read into a slot,
