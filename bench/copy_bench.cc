@@ -504,6 +504,11 @@ BenchMainOptions register_benchmarks(bool large) {
                                    std::to_string(t) + (t == 1 ? " thread)" : " threads)"),
                                "BM_FileCopy/" + dest.name + "/warm/",
                                prefix + "memcpy/|" + prefix + "stream_copy/", 16 << 20, 0.9});
+    // The loader on its own (issue 42): utils/file_loader.h at the copy limit.
+    options.targets.push_back({Target::Kind::kBestAtLeast,
+                               "file -> " + dest.name + ": file_loader / copy limit",
+                               "BM_FileCopy/" + dest.name + "/warm/file_loader/",
+                               prefix + "memcpy/|" + prefix + "stream_copy/", 64 << 20, 0.9});
   }
   with_sizes(benchmark::RegisterBenchmark("BM_Limit/cpu/cold_seq_read", limit_cold_read), sizes);
 

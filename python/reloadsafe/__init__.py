@@ -16,6 +16,8 @@ the torch this interpreter imports; tensors cross without copies.
   the TorchScript custom-class objects (packed weights) it reaches.
 - ``in_own_storage``, ``storage_view``, ``extent``, ``checked_extent``: the
   C++ reference utilities on Python tensors.
+- ``SafetensorsLoader``, ``load_safetensors_``: safetensors files loaded into
+  existing tensors at their addresses (the C++ loader, utils/file_loader.h).
 - ``evaluate_case``, ``run_cases``: the conformance case runner
   (golden/FORMAT.md), to check a Python implementation against the reference.
 - the pytest plugin (``reloadsafe.pytest_plugin``, registered under
@@ -27,6 +29,7 @@ from ._loader import _C  # noqa: F401  (loads torch first, checks the build)
 from .cases import MAX_CASE_STORAGE_BYTES, evaluate_case, run_cases
 from .check import MODES, ReloadReport, check_reload
 from .errors import ReloadCheckError, ReloadViolation
+from .file_loader import SafetensorsLoader, load_safetensors_
 from .loading import CheckpointDrawer, default_weight_loader, draw_checkpoint, load_checkpoint
 from .reference import (
     checked_extent,
@@ -52,12 +55,14 @@ __all__ = [
     "ReloadCheckError",
     "ReloadReport",
     "ReloadViolation",
+    "SafetensorsLoader",
     "TensorRead",
     "Trace",
     "check_reload",
     "default_weight_loader",
     "draw_checkpoint",
     "load_checkpoint",
+    "load_safetensors_",
     "trace",
     "checked_extent",
     "direct_reload",

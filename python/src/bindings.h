@@ -16,6 +16,9 @@ namespace reloadsafe::python {
 /// (utils/reload_context.h) and the case runner (conformance/case_runner.h).
 void bind_reference(pybind11::module_& m);
 
+/// The safetensors file loader (utils/file_loader.h): FileLoader.
+void bind_file_loader(pybind11::module_& m);
+
 /// The read trace (conformance/trace/read_trace.h).
 void bind_trace(pybind11::module_& m);
 

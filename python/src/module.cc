@@ -46,6 +46,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("GLIBCXX_USE_CXX11_ABI") = static_cast<bool>(_GLIBCXX_USE_CXX11_ABI);
 
   reloadsafe::python::bind_reference(m);
+  reloadsafe::python::bind_file_loader(m);
   reloadsafe::python::bind_trace(m);
   reloadsafe::python::bind_protocol(m);
 }
