@@ -124,8 +124,8 @@ constexpr Strategy kStrategies[] = {
      "pread into two reused pinned buffers, host-to-device copies overlapped on a stream", false,
      true},
     {StrategyId::kFileLoader, "file_loader",
-     "FileLoader::load_ of a safetensors file (utils/file_loader.h): pread on the "
-     "destination's threads into a CPU tensor, its pinned staging ring to a device",
+     "FileLoader::load_ of a safetensors file (utils/file_loader.h): a populated mapping "
+     "copied into a CPU tensor, its pinned staging ring to a device",
      true, true},
 };
 

@@ -11,8 +11,9 @@
 # Then, on the GPU machine:   OUT=results gpu_bundle/gpu_check.sh
 #
 # What is in it (about 26 MB):
-#   bin/          cuda_graph_reload_test, cuda_graph_test, reload_harness and
-#                 copy_bench, the project's libraries linked in; their RPATH is
+#   bin/          cuda_graph_reload_test, cuda_graph_test,
+#                 file_loader_device_test, reload_harness and copy_bench, the
+#                 project's libraries linked in; their RPATH is
 #                 $ORIGIN/../lib, and gpu_check.sh finds LibTorch and the CUDA
 #                 runtime through the Python torch of the machine it runs on
 #   lib/          shared libraries they need that are neither LibTorch's nor
@@ -44,7 +45,7 @@ fi
 tools/setup.sh >/dev/null
 command -v patchelf >/dev/null || { echo "[gpu_bundle] patchelf is missing: run tools/setup.sh" >&2; exit 1; }
 
-TESTS=(//utils:cuda_graph_reload_test //conformance/harness:cuda_graph_test)
+TESTS=(//utils:cuda_graph_reload_test //conformance/harness:cuda_graph_test //utils:file_loader_device_test)
 say "building ${TESTS[*]} //conformance/harness:reload_harness //python:package"
 bazel build "${TESTS[@]}" //conformance/harness:reload_harness //python:package
 bin="$(bazel info bazel-bin)"

@@ -60,7 +60,7 @@ def _rows(summary: str) -> dict[str, tuple[str, str]]:
 
 
 def test_the_bundle_is_self_contained(bundle: str) -> None:
-    for name in ("cuda_graph_reload_test", "cuda_graph_test", "reload_harness", "copy_bench"):
+    for name in ("cuda_graph_reload_test", "cuda_graph_test", "file_loader_device_test", "reload_harness", "copy_bench"):
         path = os.path.join(bundle, "bin", name)
         assert os.access(path, os.X_OK), name
         rpath = subprocess.run(["patchelf", "--print-rpath", path], stdout=subprocess.PIPE, text=True).stdout.strip()
@@ -75,11 +75,12 @@ def test_every_part_starts_and_each_gpu_test_skips_for_want_of_a_device(bundle: 
     rc, log, summary = _check(bundle, str(tmp_path))
     assert rc == 0, log
     rows = _rows(summary)
-    for part in ("load cuda_graph_reload_test", "load cuda_graph_test", "load reload_harness", "load copy_bench",
-                 "load python package"):
+    for part in ("load cuda_graph_reload_test", "load cuda_graph_test", "load file_loader_device_test",
+                 "load reload_harness", "load copy_bench", "load python package"):
         assert rows[part][0] == "ok", (part, rows[part])
     assert "CUDA linked (aten::mm has a CUDA kernel, graph step linked)" in rows["load reload_harness"][1]
-    for part in ("cuda_graph_reload_test", "cuda_graph_test", "harness", "python", "bench", "zoo"):
+    for part in ("cuda_graph_reload_test", "cuda_graph_test", "file_loader_device_test", "harness", "python", "bench",
+                 "zoo"):
         assert rows[part][0] == "ok (skipped)", (part, rows[part])
         assert "no CUDA device" in rows[part][1], (part, rows[part])
     assert " 0 failed" in summary

@@ -13,7 +13,10 @@ of --budget):
              binary or package does not load is reported once and not run)
   graph      cuda_graph_reload_test and cuda_graph_test: graph replay after each
              of the harness's default reloads per backend and mode, the
-             device quarantine, the kernel-argument audit (gtest XML)
+             device quarantine, the kernel-argument audit; and
+             file_loader_device_test: a safetensors file loaded into device
+             tensors through the staging ring, no device allocation, a
+             captured graph reading the new bytes (gtest XML)
   harness    reload_harness --device cuda over every registered backend: the
              protocol with its CUDA graph step (JSON)
   python     check_reload(device="cuda") on every Python sample and negative
@@ -47,7 +50,7 @@ sys.path.insert(0, HERE)  # testlogs.py lies beside this file, in the checkout a
 
 from testlogs import read_cases  # noqa: E402
 
-GRAPH_TESTS = ("cuda_graph_reload_test", "cuda_graph_test")
+GRAPH_TESTS = ("cuda_graph_reload_test", "cuda_graph_test", "file_loader_device_test")
 # Loader failures: the dynamic linker's, and Python's.
 LOAD_ERRORS = re.compile(
     r"error while loading shared libraries|undefined symbol|cannot open shared object|ImportError|"
