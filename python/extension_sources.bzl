@@ -81,6 +81,7 @@ EXTENSION_SOURCES = [
     "utils/reload_context.cc",
     "utils/replace_parameter.cc",
     "utils/safetensors_header.cc",
+    "utils/safetensors_writer.cc",
     "utils/storage_fit.cc",
     "utils/tensor_attrs.cc",
 ]
@@ -144,6 +145,7 @@ EXTENSION_HEADERS = [
     "utils/reload_context.h",
     "utils/replace_parameter.h",
     "utils/safetensors_header.h",
+    "utils/safetensors_writer.h",
     "utils/storage_fit.h",
     "utils/tensor_attrs.h",
     "utils/tensor_names.inc",
