@@ -41,6 +41,7 @@ EXTENSION_SOURCES = [
     "conformance/harness/steps/compare_forward_state.cc",
     "conformance/harness/steps/compare_state.cc",
     "conformance/harness/steps/host_numbers.cc",
+    "conformance/harness/steps/load_from_file.cc",
     "conformance/harness/steps/load_per_tensor.cc",
     "conformance/harness/steps/recreate_parameters.cc",
     "conformance/harness/steps/reload_peak.cc",

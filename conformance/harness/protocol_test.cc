@@ -436,7 +436,15 @@ enum class Bug {
   kStagedCopy,               ///< the loader stages a copy of w before writing it
   kFirstForwardTiles,        ///< the first forward builds `tiles`, later ones only read it
   kLoaderResetsFused,        ///< w comes as two halves, w.0 and w.1; each load zeroes w first
+  kFileLayout,               ///< no bug: the checkpoint names the layer's tensor (w_padded whole)
+  kDerivedInLoader,          ///< kFileLayout, with derived computed by the loader, not process
 };
+
+// Whether the checkpoint of `bug`'s layer names its tensors, as a file of
+// them does (load_from_file loads it by name).
+bool file_layout(Bug bug) {
+  return bug == Bug::kFileLayout || bug == Bug::kDerivedInLoader;
+}
 
 struct StepsLayer {
   explicit StepsLayer(Bug bug) : bug(bug) {}
@@ -449,6 +457,12 @@ struct StepsLayer {
       }
       return;
     }
+    if (file_layout(bug)) {
+      const at::Tensor& file_w = ckpt.at("w_padded");
+      w_padded.narrow(1, 0, file_w.size(1)).copy_(file_w);
+      if (bug == Bug::kDerivedInLoader) derived.copy_(w_padded.narrow(1, 0, 16).sum(1));
+      return;
+    }
     const at::Tensor& w = ckpt.at("w");
     w_padded.narrow(1, 0, 16).copy_(bug == Bug::kStagedCopy ? w.clone() : w);
     if (bug != Bug::kPaddingFromConstruction) w_padded.narrow(1, 16, 4).zero_();
@@ -459,7 +473,11 @@ struct StepsLayer {
     } else {
       k_scale.fill_(0.5);
     }
-    if (bug != Bug::kDerivedOnce || passes == 0) derived.copy_(w_padded.narrow(1, 0, 16).sum(1));
+    if (moves_derived) {
+      derived = w_padded.narrow(1, 0, 16).sum(1);  // a new tensor: the capture's is left behind
+    } else if ((bug != Bug::kDerivedOnce || passes == 0) && bug != Bug::kDerivedInLoader) {
+      derived.copy_(w_padded.narrow(1, 0, 16).sum(1));
+    }
     number =
         bug == Bug::kHostNumber ? 1.0 + w_padded.narrow(1, 0, 16).abs().max().item<double>() : 2.0;
     if (bug == Bug::kCopyKept && passes > 0) kept = w_padded.clone();
@@ -485,6 +503,7 @@ struct StepsLayer {
   }
 
   Bug bug;
+  bool moves_derived = false;
   at::Tensor w_padded = at::zeros({8, 20});
   at::Tensor k_scale = at::ones({1});
   at::Tensor bias = at::full({8}, 0.25);
@@ -510,6 +529,11 @@ class StepsSubject : public ReloadSubject {
     const at::Tensor w = at::randn({8, 16}, gen);
     if (bug_ == Bug::kLoaderResetsFused)
       return {{"w.0", w.narrow(0, 0, 4)}, {"w.1", w.narrow(0, 4, 4)}};
+    if (file_layout(bug_)) {
+      at::Tensor file_w = at::zeros({8, file_columns});
+      file_w.narrow(1, 0, 16).copy_(w);
+      return {{"w_padded", file_w}};
+    }
     return {{"w", w}};
   }
   at::Tensor draw_input(uint64_t seed) override {
@@ -520,6 +544,9 @@ class StepsSubject : public ReloadSubject {
 
   bool own_sleep = false;
   bool keep_every_cycle = false;
+  bool moves_derived = false;  ///< post-processing rebinds derived to a new tensor
+  int64_t file_columns = 20;   ///< w_padded's columns in a file layout's checkpoint
+  int w_padded_moves = 0;      ///< post-processing passes that found w_padded elsewhere
   int own_sleeps = 0;
   std::vector<std::vector<at::Tensor>> host_copies;
 
@@ -531,10 +558,15 @@ class StepsSubject : public ReloadSubject {
 
 class StepsHandle : public SubjectLayer {
  public:
-  explicit StepsHandle(StepsSubject& s) : s_(s), layer_(s.bug_) {}
+  explicit StepsHandle(StepsSubject& s) : s_(s), layer_(s.bug_) {
+    layer_.moves_derived = s.moves_derived;
+  }
 
   void load(const Checkpoint& ckpt) override { layer_.load(ckpt); }
-  void process() override { layer_.process(); }
+  void process() override {
+    if (layer_.w_padded.const_data_ptr() != w_padded_at_) ++s_.w_padded_moves;
+    layer_.process();
+  }
   at::Tensor forward(const at::Tensor& x) override { return layer_.forward(x); }
   std::vector<NamedTensor> named_tensors() override { return layer_.state().tensors; }
   std::vector<at::Tensor> parameters() override { return {layer_.w_padded}; }
@@ -565,6 +597,7 @@ class StepsHandle : public SubjectLayer {
  private:
   StepsSubject& s_;
   StepsLayer layer_;
+  const void* w_padded_at_ = layer_.w_padded.const_data_ptr();  // where construction put it
 };
 
 std::shared_ptr<SubjectLayer> StepsSubject::new_layer() {
@@ -603,6 +636,7 @@ TEST(ProtocolSteps, EachStepNamesTheBugItExistsForAndPassesTheFixedLayer) {
   const ReloadSteps forward_state = sleeping(2).set("compare_forward_state");
   const ReloadSteps forward_state_level_1 = sleeping(1).set("compare_forward_state");
   const ReloadSteps per_tensor = ReloadSteps().set("load_per_tensor").set("compare_state");
+  const ReloadSteps from_file = ReloadSteps().set("load_from_file").set("compare_state");
   struct Row {
     const char* name;
     Bug bug;
@@ -611,6 +645,7 @@ TEST(ProtocolSteps, EachStepNamesTheBugItExistsForAndPassesTheFixedLayer) {
     std::string what;          ///< the start of its violation's `what`
     bool passes_without;       ///< the bug passes without the steps (not only unnamed)
     ReloadSteps without = {};  ///< the steps of the run without the step under test
+    Bug fixed = Bug::kNone;    ///< the layer without the bug
   };
   const Row rows[] = {
       {"sleep 2", Bug::kPlainConstant, sleeping(2), "bias", "differs from a cold load", true},
@@ -628,6 +663,14 @@ TEST(ProtocolSteps, EachStepNamesTheBugItExistsForAndPassesTheFixedLayer) {
        "after the forward", false, sleeping(1)},
       {"per-tensor loads", Bug::kLoaderResetsFused, per_tensor, "w_padded",
        "differs from a cold load", true},
+      {"file loads",
+       Bug::kDerivedInLoader,
+       from_file,
+       "derived",
+       "differs from a cold load",
+       true,
+       {},
+       Bug::kFileLayout},
   };
   for (const Row& row : rows) {
     SCOPED_TRACE(row.name);
@@ -655,9 +698,67 @@ TEST(ProtocolSteps, EachStepNamesTheBugItExistsForAndPassesTheFixedLayer) {
       EXPECT_TRUE(plain.ok()) << to_table({plain});
     }
 
-    StepsSubject fixed(Bug::kNone);
+    StepsSubject fixed(row.fixed);
     const BackendReport clean = run_subject(fixed, o);
     EXPECT_TRUE(clean.ok()) << to_table({clean});
+  }
+}
+
+// load_from_file loads the file into the live tensors at their addresses
+// (the layer's own load is not called: a loader's work shows, as the row
+// above has it); what post-processing breaks is still flagged; a layer
+// whose checkpoint does not name its tensors is each mode's error, saying
+// so and what to do instead.
+TEST(ProtocolSteps, LoadFromFileWritesTheLiveTensorsInPlaceAndRefusesAnotherLayout) {
+  RunOptions o = options(3, true);
+  o.steps = ReloadSteps().set("load_from_file").set("compare_state");
+
+  StepsSubject kept(Bug::kFileLayout);
+  const BackendReport clean = run_subject(kept, o);
+  EXPECT_TRUE(clean.ok()) << to_table({clean});
+  EXPECT_EQ(clean.modes.size(), 2u);
+  for (const ModeReport& m : clean.modes) EXPECT_EQ(m.reloads_done, 3);
+  EXPECT_EQ(kept.w_padded_moves, 0);
+
+  StepsSubject moving(Bug::kFileLayout);
+  moving.moves_derived = true;
+  const BackendReport moved = run_subject(moving, o);
+  EXPECT_TRUE(flagged_in_every_mode(moved, "derived")) << to_table({moved});
+  EXPECT_FALSE(moved.ok());
+
+  struct Row {
+    const char* name;
+    Bug bug;
+    int64_t file_columns;
+    ReloadSteps steps;
+    std::string says;
+  };
+  const std::string fix =
+      "the layer's checkpoint layout differs from its tensors, so its checkpoint cannot be "
+      "loaded into them by name. Check it through its own loader (run without load_from_file)";
+  const Row rows[] = {
+      {"a name the layer lacks", Bug::kNone, 20, o.steps,
+       "load_from_file: the checkpoint's tensor 'w' (Float [8, 16]) is no tensor of the layer: " +
+           fix},
+      {"another shape", Bug::kFileLayout, 16, o.steps,
+       "load_from_file: the checkpoint's tensor 'w_padded' is Float [8, 16], the layer's "
+       "'w_padded' is Float [8, 20]: " +
+           fix},
+      {"two loads asked", Bug::kFileLayout, 20, ReloadSteps(o.steps).set("load_per_tensor"),
+       "load_from_file and load_per_tensor both load in place of the layer's load"},
+  };
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.name);
+    StepsSubject subject(row.bug);
+    subject.file_columns = row.file_columns;
+    RunOptions refused = o;
+    refused.steps = row.steps;
+    const BackendReport report = run_subject(subject, refused);
+    EXPECT_FALSE(report.ok());
+    for (const ModeReport& m : report.modes) {
+      EXPECT_NE(m.error.find(row.says), std::string::npos) << m.error;
+      EXPECT_TRUE(m.violations.empty()) << to_table({report});
+    }
   }
 }
 

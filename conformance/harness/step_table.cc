@@ -15,6 +15,7 @@ namespace reloadsafe::harness {
 StepSpec sleep_step();
 StepSpec recreate_parameters_step();
 StepSpec load_per_tensor_step();
+StepSpec load_from_file_step();
 StepSpec host_numbers_step();
 StepSpec compare_state_step();
 StepSpec compare_forward_state_step();
@@ -25,9 +26,15 @@ const std::vector<StepSpec>& step_table() {
   // Within a phase hooks run in this order: the engine's steps first (a
   // sleep, then parameters re-created), then the checks, then the bounds.
   static const std::vector<StepSpec> table = {
-      sleep_step(),          recreate_parameters_step(), load_per_tensor_step(),
-      host_numbers_step(),   compare_state_step(),       compare_forward_state_step(),
-      cold_footprint_step(), reload_peak_step(),
+      sleep_step(),
+      recreate_parameters_step(),
+      load_per_tensor_step(),
+      load_from_file_step(),
+      host_numbers_step(),
+      compare_state_step(),
+      compare_forward_state_step(),
+      cold_footprint_step(),
+      reload_peak_step(),
   };
   return table;
 }

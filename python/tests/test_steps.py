@@ -9,6 +9,8 @@ import torch
 
 from reloadsafe import _C, ReloadCheckError, check_reload
 
+import sample_layers
+
 X = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
 
 
@@ -91,3 +93,22 @@ def test_load_per_tensor_loads_in_parts_as_a_weight_sync_does():
     caught = check(True, load_per_tensor=True, compare_state=True)
     assert not caught.ok and "qk" in caught.flagged, caught.table()
     assert check(False, load_per_tensor=True, compare_state=True).ok
+
+
+def test_load_from_file_loads_a_file_into_the_layers_tensors_and_refuses_another_layout():
+    # MlaDerived's checkpoint names its parameter: the file is loaded into it
+    # in place, and what post-processing derives from it is checked as usual.
+    x = torch.randn(*sample_layers.MlaDerived.input_shape)
+    report = check_reload(sample_layers.MlaDerived, x, reloads=2, load_from_file=True, compare_state=True)
+    assert report.ok, report.table()
+    # A negative control's post-processing still breaks its addresses.
+    x = torch.randn(*sample_layers.RebuiltScale.input_shape)
+    caught = check_reload(sample_layers.RebuiltScale, x, reloads=2, load_from_file=True)
+    assert not caught.ok and "col_scale" in caught.flagged, caught.table()
+    # Transposed keeps its weight as [16, 32]; the checkpoint's is [32, 16].
+    x = torch.randn(*sample_layers.Transposed.input_shape)
+    with pytest.raises(ReloadCheckError) as raised:
+        check_reload(sample_layers.Transposed, x, reloads=2, load_from_file=True)
+    says = str(raised.value)
+    assert "the checkpoint's tensor 'weight' is Float [32, 16], the layer's 'weight' is Float [16, 32]" in says
+    assert "run without load_from_file" in says and "reloadsafe.SafetensorsLoader" in says
