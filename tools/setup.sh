@@ -165,8 +165,10 @@ NEWEST_TORCH_VERSION=2.15.0
 NEWEST_TORCH_SERIES="${NEWEST_TORCH_VERSION%.*}"
 VENV_NEWEST="$CACHE/venv-torch$NEWEST_TORCH_SERIES"
 
-# `build` makes the package's sdist (tools/build_wheel.sh).
-TEST_EXTRAS=(pytest-xdist build)
+# `build` makes the package's sdist (tools/build_wheel.sh); safetensors
+# writes the files the loader's tests and docs/utilities.md read (the
+# environments with transformers already have it, at the version it pins).
+TEST_EXTRAS=(pytest-xdist build safetensors)
 
 # torch VERSION, pytest, numpy and the test extras are importable by python DIR/bin/python.
 torch_venv_ready() {
