@@ -36,11 +36,13 @@ Target = Union[torch.Tensor, "tuple[torch.Tensor, int]"]
 class SafetensorsLoader:
     """Loads safetensors files into existing tensors (``utils/file_loader.h``).
 
-    CPU destinations are read into straight with ``pread`` on ``threads``
-    threads; device destinations go through a pinned staging ring of
-    ``ring_slots`` buffers of ``chunk_bytes``, allocated by the first device
-    load and reused by every later one, with the host-to-device copies on a
-    stream of their own (on an integrated GPU: a mapping of the file and
+    CPU destinations are copied out of a mapping of the file whose pages are
+    faulted in first (the fastest of the reads measured: Note [Which read] in
+    ``utils/file_loader.h``), on torch's intra-op threads; device destinations
+    go through a pinned staging ring of ``ring_slots`` buffers of
+    ``chunk_bytes``, filled by ``threads`` reader threads, allocated by the
+    first device load and reused by every later one, with the host-to-device
+    copies on a stream of their own (on an integrated GPU: the mapping and
     ``copy_weight_``'s page touch). Keep one loader across reloads.
 
     ``threads=0`` uses the CPUs this process may use (at most 8).
