@@ -27,16 +27,8 @@
 namespace reloadsafe {
 namespace {
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
-
 using testing::length_field;
+using testing::message_of;
 using testing::temp_path;
 using testing::write_bytes;
 using testing::write_safetensors;

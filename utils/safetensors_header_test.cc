@@ -1,5 +1,7 @@
 #include "utils/safetensors_header.h"
 
+#include "utils/safetensors_test_writer.h"
+
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
@@ -7,21 +9,13 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <functional>
 #include <string>
 #include <vector>
 
 namespace reloadsafe {
 namespace {
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
+using testing::message_of;
 
 TEST(SafetensorsHeader, ParsesTensorsInFileOrder) {
   const std::string json =

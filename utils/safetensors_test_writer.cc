@@ -36,4 +36,13 @@ std::string write_safetensors(const std::string& file, const std::vector<NamedTe
   return path;
 }
 
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
 }  // namespace reloadsafe::testing

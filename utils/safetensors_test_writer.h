@@ -1,6 +1,7 @@
 // safetensors_test_writer.h: the files the loader's tests write: well-formed
 // safetensors files (through utils/safetensors_writer.h, the one writer) in
-// the test's temporary folder, and raw bytes for malformed ones.
+// the test's temporary folder, raw bytes for malformed ones, and the message
+// a refused call raises.
 //
 // Invariant: a file written by write_safetensors() is what
 // write_safetensors_file() writes: the tensors' bytes exactly, in the order
@@ -14,6 +15,7 @@
 #include "utils/safetensors_writer.h"
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -35,5 +37,9 @@ std::string length_field(uint64_t n);
 /// Writes `tensors` as a safetensors file named `file` in temp_path()
 /// (write_safetensors_file) and returns its path.
 std::string write_safetensors(const std::string& file, const std::vector<NamedTensor>& tensors);
+
+/// What the c10::Error `f` throws says (without its backtrace); empty when
+/// `f` throws nothing.
+std::string message_of(const std::function<void()>& f);
 
 }  // namespace reloadsafe::testing

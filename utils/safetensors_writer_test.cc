@@ -4,6 +4,7 @@
 
 #include "utils/file_loader.h"
 #include "utils/safetensors_header.h"
+#include "utils/safetensors_test_writer.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
@@ -18,27 +19,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdlib>
-#include <functional>
 #include <string>
 #include <vector>
 
 namespace reloadsafe {
 namespace {
 
-std::string temp_path(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir != nullptr ? dir : ".") + "/" + name;
-}
-
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
+using testing::message_of;
+using testing::temp_path;
 
 SafetensorsHeader header_of(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
