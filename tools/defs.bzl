@@ -155,24 +155,14 @@ def rs_gpu_test(
     device-generic API) the sources are built there too, against LibTorch's
     CPU library, and skip at run time.
     """
-    if not CUDA_FOUND and not needs_cuda_headers:
+    if CUDA_FOUND or not needs_cuda_headers:
         native.cc_test(
             name = name,
             srcs = srcs,
             size = size,
             copts = RS_COPTS,
             tags = tags + ["gpu"],
-            deps = deps + [_TORCH_CPU, _GTEST_MAIN],
-            **kwargs
-        )
-    elif CUDA_FOUND:
-        native.cc_test(
-            name = name,
-            srcs = srcs,
-            size = size,
-            copts = RS_COPTS,
-            tags = tags + ["gpu"],
-            deps = deps + [_TORCH_CUDA, _GTEST_MAIN],
+            deps = deps + [_TORCH_CUDA if CUDA_FOUND else _TORCH_CPU, _GTEST_MAIN],
             # The project's libraries linked in, not as Bazel's per-library
             # shared objects: tools/gpu_bundle.sh carries the binary alone to
             # a GPU machine, which has LibTorch and nothing of Bazel's.
