@@ -1,5 +1,6 @@
 // cold_loads.h: the forwards of cold loads the protocol compares reloads
-// with, kept across modes where they are the same.
+// with, and digests of their states, kept across modes where they are the
+// same.
 //
 // Note [One cold load per checkpoint]
 // Each reload's outputs are compared with the forward of a fresh cold load
@@ -50,7 +51,9 @@
 
 namespace reloadsafe::harness {
 
-/// The cold-load outputs of one run (Note [One cold load per checkpoint]).
+/// The cold-load outputs of one run (Note [One cold load per checkpoint]),
+/// and the digests of the cold states compare_state saw (Note [A cold state
+/// kept as its digest]).
 class ColdLoadOutputs {
  public:
   /// `keep`: keep outputs for a later mode (on the CPU).
