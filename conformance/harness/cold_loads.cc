@@ -8,7 +8,9 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstring>
+#include <optional>
 #include <string>
+#include <utility>
 
 namespace reloadsafe::harness {
 namespace {
@@ -108,13 +110,21 @@ bool sole_owner_of_its_bytes(const at::Tensor& t) {
 
 at::Tensor ColdLoadOutputs::forward(int r, const Checkpoint& ckpt, const at::Tensor& x,
                                     const std::function<at::Tensor()>& cold_forward) {
+  std::optional<Offered> offered = std::move(offered_);
+  offered_.reset();
   uint64_t print = 0;
   const bool printed = keep_ && fingerprint(ckpt, x, &print);
   if (printed) {
     auto it = kept_.find(r);
     if (it != kept_.end() && it->second.fingerprint == print) return it->second.output;
   }
-  at::Tensor out = cold_forward();
+  at::Tensor out;
+  if (offered && offered->reload == r && same_bytes(offered->input, x)) {
+    out = std::move(offered->output);
+    offered.reset();  // `out` is then the only handle the offer left
+  } else {
+    out = cold_forward();
+  }
   if (printed && kept_.count(r) == 0 && out.defined() && out.device().is_cpu() &&
       out.layout() == at::kStrided) {
     at::Tensor kept = sole_owner_of_its_bytes(out) ? out : out.clone(at::MemoryFormat::Contiguous);
@@ -122,6 +132,17 @@ at::Tensor ColdLoadOutputs::forward(int r, const Checkpoint& ckpt, const at::Ten
     kept_[r] = Kept{print, std::move(kept)};
   }
   return out;
+}
+
+bool ColdLoadOutputs::has_kept_forward(int r, const Checkpoint& ckpt, const at::Tensor& x) const {
+  const auto it = kept_.find(r);
+  uint64_t print = 0;
+  return keep_ && it != kept_.end() && fingerprint(ckpt, x, &print) &&
+         print == it->second.fingerprint;
+}
+
+void ColdLoadOutputs::offer(int r, at::Tensor input, at::Tensor out) {
+  offered_ = Offered{r, std::move(input), std::move(out)};
 }
 
 void ColdLoadOutputs::keep_state(int r, const Checkpoint& ckpt, const at::Tensor& x,

@@ -1,6 +1,6 @@
 // cold_loads.h: the forwards of cold loads the protocol compares reloads
 // with, and digests of their states, kept across modes where they are the
-// same.
+// same, and shared between the checks of one reload.
 //
 // Note [One cold load per checkpoint]
 // Each reload's outputs are compared with the forward of a fresh cold load
@@ -34,9 +34,26 @@
 // fresh cold load as before. As for the kept outputs, a false match needs
 // two 64-bit digests of different states to collide.
 //
+// Note [One cold layer per reload]
+// Within one reload, compare_state builds a cold load of the checkpoint to
+// read its state, and the forward check then needs the forward of a cold
+// load of the same checkpoint: two layers built, loaded and post-processed
+// alike, the second for one forward. The first serves both. Right after
+// its state is read (no forward has run on it: state a forward writes is
+// not the reload's), it runs its forward on a copy of the run's input,
+// still within the scope that emptied the module caches for it, and the
+// output is offered to the reload's forward check: forward() takes it in
+// place of a new cold load when its input holds the bytes the offer was
+// computed on (else the live forward wrote its input, and the cold load is
+// made as before), and keeps it for the next mode as it would its own. An
+// offer is for the forward() that follows it and no other: that call drops
+// it, and the mode drops one left over (a reload that raised before its
+// forward) at the next reload and at its end.
+//
 // Invariant: a kept output is reused only for the same reload number and a
 // checkpoint and input with the same fingerprint; anything else is computed
-// afresh. The same holds for a kept state digest.
+// afresh. The same holds for a kept state digest. An offered output answers
+// only the next forward() of its reload, on an input of the same bytes.
 #pragma once
 
 #include "conformance/harness/layer_state.h"
@@ -47,6 +64,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <vector>
 
 namespace reloadsafe::harness {
@@ -60,10 +78,21 @@ class ColdLoadOutputs {
   explicit ColdLoadOutputs(bool keep) : keep_(keep) {}
 
   /// The cold-load forward for reload `r` of `ckpt` on `x`: a kept one with
-  /// the same fingerprint, else `cold_forward()` (kept for the next mode if
-  /// reload `r` has none kept yet).
+  /// the same fingerprint, else the offered one (offer()), else
+  /// `cold_forward()` (either kept for the next mode if reload `r` has none
+  /// kept yet). Drops the offer, taken or not.
   at::Tensor forward(int r, const Checkpoint& ckpt, const at::Tensor& x,
                      const std::function<at::Tensor()>& cold_forward);
+
+  /// Whether forward(r, ckpt, x, ...) would return a kept output without
+  /// computing one (so an offer would go unused).
+  bool has_kept_forward(int r, const Checkpoint& ckpt, const at::Tensor& x) const;
+  /// Offers `out`, the forward on `input` of a cold load of reload `r`'s
+  /// checkpoint that another check of the reload built, to the next
+  /// forward() (Note [One cold layer per reload]); replaces any earlier one.
+  void offer(int r, at::Tensor input, at::Tensor out);
+  /// Drops an offer no forward() took.
+  void drop_offer() { offered_.reset(); }
 
   /// Keeps the digest of `cold`, the state of a cold load for reload `r` of
   /// `ckpt` with input `x`, for a later mode (Note [A cold state kept as its
@@ -90,7 +119,13 @@ class ColdLoadOutputs {
     uint64_t fingerprint;
     uint64_t digest;
   };
+  struct Offered {
+    int reload;
+    at::Tensor input;  // what the output was computed on
+    at::Tensor output;
+  };
   bool keep_;
+  std::optional<Offered> offered_;
   std::map<int, Kept> kept_;
   std::map<int, KeptState> kept_states_;
   int64_t kept_bytes_ = 0;

@@ -1,7 +1,9 @@
 // ColdLoadOutputs (Note [One cold load per checkpoint]): a kept output is
 // reused for the same reload number, checkpoint and input, and for nothing
 // else, down to a single changed byte anywhere in a tensor; a kept state's
-// digest matches the same state only.
+// digest matches the same state only; an offered output answers the next
+// forward of its reload on the same input bytes, and nothing else (Note
+// [One cold layer per reload]).
 
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 
@@ -106,6 +108,70 @@ TEST(ColdLoadOutputs, NothingIsKeptWhenKeepingIsOff) {
   outputs.forward(1, byte_checkpoint(), x, std::ref(fwd));
   EXPECT_EQ(fwd.calls, 2);
   EXPECT_EQ(outputs.kept_bytes(), 0);
+}
+
+TEST(ColdLoadOutputs, AnOfferAnswersOnlyTheNextForwardOfItsReloadOnTheSameInput) {
+  struct Case {
+    std::string label;
+    int offered_reload;
+    std::function<at::Tensor(const at::Tensor&)> forward_input;  // from the offer's input
+    bool dropped;  // drop_offer() between the offer and the forward
+    bool taken;    // whether the forward returns the offered output
+  };
+  const auto same = [](const at::Tensor& x) { return x.clone(); };
+  const std::vector<Case> cases = {
+      {"its reload, the same bytes", 1, same, false, true},
+      {"another reload", 2, same, false, false},
+      {"one input byte changed", 1,
+       [](const at::Tensor& x) {
+         at::Tensor y = x.clone();
+         y[1][0].fill_(3);
+         return y;
+       },
+       false, false},
+      {"another input shape", 1, [](const at::Tensor&) { return at::ones({4}); }, false, false},
+      {"dropped", 1, same, true, false},
+  };
+  for (const bool keep : {true, false}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(c.label + (keep ? ", keeping" : ", not keeping"));
+      ColdLoadOutputs outputs(keep);
+      CountingForward fwd;
+      const at::Tensor x = at::ones({2, 2});
+      const at::Tensor offered = at::full({2, 2}, 7.0);
+      outputs.offer(c.offered_reload, x.clone(), offered);
+      if (c.dropped) outputs.drop_offer();
+      const at::Tensor out =
+          outputs.forward(1, byte_checkpoint(), c.forward_input(x), std::ref(fwd));
+      EXPECT_EQ(fwd.calls, c.taken ? 0 : 1);
+      EXPECT_EQ(out[0][0].item<double>(), c.taken ? 7.0 : 1.0);
+      // The offer answered one forward at most: the next one of the same
+      // reload is a kept output or a new cold load, never the offer again.
+      fwd.calls = 0;
+      outputs.forward(1, byte_checkpoint(), c.forward_input(x), std::ref(fwd));
+      EXPECT_EQ(fwd.calls, keep ? 0 : 1);
+    }
+  }
+}
+
+TEST(ColdLoadOutputs, ATakenOfferIsKeptForTheNextModeAsAComputedOutputIs) {
+  ColdLoadOutputs outputs(/*keep=*/true);
+  CountingForward fwd;
+  const at::Tensor x = at::ones({2, 2});
+  EXPECT_FALSE(outputs.has_kept_forward(1, byte_checkpoint(), x));
+  outputs.offer(1, x.clone(), at::full({2, 2}, 7.0));
+  outputs.forward(1, byte_checkpoint(), x, std::ref(fwd));
+  EXPECT_TRUE(outputs.has_kept_forward(1, byte_checkpoint(), x));
+  EXPECT_FALSE(outputs.has_kept_forward(2, byte_checkpoint(), x));
+  EXPECT_FALSE(outputs.has_kept_forward(1, byte_checkpoint(), x * 2));
+  const at::Tensor again = outputs.forward(1, byte_checkpoint(), x, std::ref(fwd));
+  EXPECT_EQ(fwd.calls, 0);
+  EXPECT_EQ(again[0][0].item<double>(), 7.0);
+  EXPECT_EQ(outputs.kept_bytes(), 4 * static_cast<int64_t>(sizeof(float)));
+
+  ColdLoadOutputs off(/*keep=*/false);
+  off.forward(1, byte_checkpoint(), x, std::ref(fwd));
+  EXPECT_FALSE(off.has_kept_forward(1, byte_checkpoint(), x));
 }
 
 // Note [A cold state kept as its digest]: a state kept in one mode matches a

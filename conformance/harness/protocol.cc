@@ -185,6 +185,7 @@ class ModeRun final : public ModeContext {
     forward_.release();
     graph_.reset();
     live_.reset();
+    shared_.cold_loads.drop_offer();
     try {
       if (mode_caches) mode_caches->restore();
     } catch (const std::exception& e) {
@@ -209,13 +210,37 @@ class ModeRun final : public ModeContext {
                               const at::Tensor& forward_input) override {
     return memory_.aside([&] { return cold_state(subject_, info_, ckpt, loads, forward_input); });
   }
-  std::optional<LayerState> cold_state_to_compare(const Reload& reload,
-                                                  const LayerState& live) override {
+  void compare_cold_state(const Reload& reload, const LayerState& live,
+                          const std::function<void(const LayerState&)>& compare) override {
     ColdLoadOutputs& kept = shared_.cold_loads;
-    if (kept.matches_kept_state(reload.index, reload.checkpoint, input_, live)) return std::nullopt;
-    LayerState cold = cold_state_aside(reload.checkpoint, 1, {});
-    kept.keep_state(reload.index, reload.checkpoint, input_, cold);
-    return cold;
+    const Checkpoint& ckpt = reload.checkpoint;
+    if (kept.matches_kept_state(reload.index, ckpt, input_, live)) return;
+    // Note [One cold layer per reload]: the layer's forward, unless an
+    // earlier mode's is kept, serves the forward check.
+    const bool forward_too = !kept.has_kept_forward(reload.index, ckpt, input_);
+    memory_.aside([&] {
+      CachesEmptied caches(subject_);
+      std::shared_ptr<SubjectLayer> layer = cold_loaded(subject_, ckpt);
+      {
+        const LayerState cold = layer_state(*layer, subject_.cache_tensors(), info_);
+        kept.keep_state(reload.index, ckpt, input_, cold);
+        compare(cold);
+      }
+      if (forward_too) {
+        at::Tensor x = input_.clone();  // the forward may write its input
+        std::optional<at::Tensor> out;
+        try {
+          out = layer->forward(x);
+        } catch (const std::exception&) {
+          // Nothing offered: the forward check makes its own cold load,
+          // where what it raises is reported as it always was.
+        }
+        if (out) kept.offer(reload.index, std::move(x), std::move(*out));
+      }
+      layer.reset();
+      caches.restore();
+      return true;  // aside() hands back what its step returns
+    });
   }
   at::Tensor cold_forward_aside(const Checkpoint& ckpt, const at::Tensor& x) override {
     return memory_.aside([&] { return cold_forward(subject_, ckpt, x); });
@@ -281,6 +306,7 @@ class ModeRun final : public ModeContext {
   }
 
   void check_reload(int r) {
+    shared_.cold_loads.drop_offer();  // one a reload that raised left
     // What the checkpoint and its snapshots add to the live bytes: there
     // while the reload is measured, not while the cold load was.
     const int64_t before_draw = memory_.live_bytes();

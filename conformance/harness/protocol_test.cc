@@ -96,6 +96,7 @@ class CountingSubject : public ReloadSubject {
   int draws = 0;
   int input_draws = 0;
   int cold_forwards = 0;                   ///< forwards of layers built aside
+  int aside_layers = 0;                    ///< layers built aside
   int cache_depth = 0;                     ///< empty_caches() not yet restored
   std::vector<uint64_t> checkpoint_seeds;  ///< every draw_checkpoint's seed, in order
   std::vector<at::Tensor> first_inputs;    ///< the input of each live layer's first forward
@@ -153,6 +154,7 @@ class CountingLayer : public SubjectLayer {
 };
 
 std::shared_ptr<SubjectLayer> CountingSubject::new_layer() {
+  if (cache_depth > 1) ++aside_layers;
   return std::make_shared<CountingLayer>(*this);
 }
 
@@ -223,6 +225,26 @@ TEST(Protocol, TheSecondModeReusesTheFirstModesColdLoadsOfTheSameCheckpoints) {
       // The kept outputs are the protocol's: no growth is counted for them.
       EXPECT_EQ(m.memory_bytes[1], m.memory_bytes.back()) << to_string(m.mode);
     }
+  }
+}
+
+// Note [One cold layer per reload]: the layer compare_state builds to read
+// a cold state runs the reload's cold forward too, and the second mode,
+// whose states match the first's digests, builds none.
+TEST(Protocol, CompareStatesColdLayerRunsTheReloadsColdForwardToo) {
+  for (bool trace : {true, false}) {
+    SCOPED_TRACE(trace ? "traced" : "untraced");
+    CountingSubject subject;
+    RunOptions o = options(5, trace);
+    o.steps.set("compare_state");
+    const BackendReport report = run_subject(subject, o);
+    EXPECT_TRUE(report.ok()) << to_table({report});
+    // The run's start: reload 1's cold forward (Note [A check that tests
+    // nothing]) and one cold state (Note [Numbers that no load decides]).
+    // Then one layer per reload of the first mode, whose forward serves
+    // reloads 2-5 (reload 1's is kept from the start).
+    EXPECT_EQ(subject.aside_layers, 2 + 5);
+    EXPECT_EQ(subject.cold_forwards, 5);
   }
 }
 

@@ -33,7 +33,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -82,12 +81,17 @@ class ModeContext {
   /// the live layer's memory (Note [What the layers made aside keep]).
   virtual LayerState cold_state_aside(const Checkpoint& ckpt, int loads,
                                       const at::Tensor& forward_input) = 0;
-  /// The state to compare `live`, the live layer's after `reload`, with:
-  /// cold_state_aside(checkpoint, 1, {}), or nothing when an earlier mode's
-  /// cold load of the same checkpoint held exactly what `live` holds (Note
-  /// [A cold state kept as its digest] in cold_loads.h: no layer is built).
-  virtual std::optional<LayerState> cold_state_to_compare(const Reload& reload,
-                                                          const LayerState& live) = 0;
+  /// Calls `compare` with the state to compare `live`, the live layer's
+  /// after `reload`, with: a cold load's of the reload's checkpoint, built
+  /// aside (as cold_state_aside(checkpoint, 1, {})). Not called when an
+  /// earlier mode's cold load of the checkpoint held exactly what `live`
+  /// holds (Note [A cold state kept as its digest] in cold_loads.h): no
+  /// layer is built. After `compare` the same layer runs the reload's cold
+  /// forward for the forward check (Note [One cold layer per reload]), so
+  /// `compare` keeps nothing of the state's tensors past its return and
+  /// builds no layer aside itself.
+  virtual void compare_cold_state(const Reload& reload, const LayerState& live,
+                                  const std::function<void(const LayerState& cold)>& compare) = 0;
   /// The forward on `x` of a cold load of `ckpt` built aside (cold_forward
   /// in layer_life.h), counted as cold_state_aside's layers are.
   virtual at::Tensor cold_forward_aside(const Checkpoint& ckpt, const at::Tensor& x) = 0;

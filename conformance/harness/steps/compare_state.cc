@@ -21,15 +21,17 @@ class CompareStateStep : public Step {
   // writes is not the reload's.
   void after_reload(ModeContext& mode, const Reload& reload) override {
     const LayerState live = mode.live_state();
-    const std::optional<LayerState> cold = mode.cold_state_to_compare(reload, live);
-    if (!cold) return;  // what a cold load of this checkpoint held, byte for byte
-    const std::vector<StateDifference> differences = state_differences(live, *cold);
+    std::vector<StateDifference> differences;  // none where the kept digest matched
+    mode.compare_cold_state(
+        reload, live, [&](const LayerState& cold) { differences = state_differences(live, cold); });
     if (differences.empty()) return;
     if (!not_idempotent_) {
-      // Asked once per mode, of the first checkpoint that shows a difference.
+      // Asked once per mode, of the first checkpoint that shows a
+      // difference: a layer loaded twice against one loaded once.
       not_idempotent_.emplace();
+      const LayerState once = mode.cold_state_aside(reload.checkpoint, 1, {});
       const LayerState twice = mode.cold_state_aside(reload.checkpoint, 2, {});
-      for (const StateDifference& d : state_differences(twice, *cold)) {
+      for (const StateDifference& d : state_differences(twice, once)) {
         not_idempotent_->insert(d.name);
       }
     }
