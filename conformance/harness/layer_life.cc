@@ -92,4 +92,23 @@ LayerState cold_state(ReloadSubject& subject, const SubjectInfo& info, const Che
   return state;
 }
 
+std::optional<at::Tensor> cold_state_then_forward(
+    ReloadSubject& subject, const SubjectInfo& info, const Checkpoint& ckpt,
+    const std::function<void(const LayerState&)>& with_state, const at::Tensor& x) {
+  CachesEmptied caches(subject);
+  std::shared_ptr<SubjectLayer> layer = cold_loaded(subject, ckpt);
+  with_state(layer_state(*layer, subject.cache_tensors(), info));
+  std::optional<at::Tensor> out;
+  if (x.defined()) {
+    try {
+      out = layer->forward(x);
+    } catch (const std::exception&) {
+      // Nothing returned: see the header.
+    }
+  }
+  layer.reset();
+  caches.restore();
+  return out;
+}
+
 }  // namespace reloadsafe::harness

@@ -15,7 +15,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace reloadsafe::harness {
@@ -62,5 +64,15 @@ at::Tensor cold_forward(ReloadSubject& subject, const Checkpoint& ckpt, const at
 /// its layer_state(), with what the caches got.
 LayerState cold_state(ReloadSubject& subject, const SubjectInfo& info, const Checkpoint& ckpt,
                       int loads, const at::Tensor& forward_input);
+
+/// A cold load of `ckpt` built aside, the caches emptied for it, that
+/// serves two checks (Note [One cold layer per reload] in cold_loads.h):
+/// `with_state` is handed its layer_state() before any forward has run on
+/// it; then, where `x` is defined, the layer's forward on `x` is returned
+/// (what cold_forward would give), or nothing where that forward raised (a
+/// caller that needs it makes a cold load of its own, which raises there).
+std::optional<at::Tensor> cold_state_then_forward(
+    ReloadSubject& subject, const SubjectInfo& info, const Checkpoint& ckpt,
+    const std::function<void(const LayerState&)>& with_state, const at::Tensor& x);
 
 }  // namespace reloadsafe::harness

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -35,10 +36,7 @@ class Layer : public SubjectLayer {
   explicit Layer(Subject& s) : s_(s) {}
   void load(const Checkpoint& ckpt) override;
   void process() override;
-  at::Tensor forward(const at::Tensor& x) override {
-    ++forwards;
-    return x * w;
-  }
+  at::Tensor forward(const at::Tensor& x) override;
   std::vector<NamedTensor> named_tensors() override {
     return {{"w", w, true}, {"workspace", workspace, false}};
   }
@@ -82,12 +80,19 @@ class Subject : public ReloadSubject {
   std::vector<Cache> stashed;
   std::vector<std::shared_ptr<Layer>> built;
   bool fail_load = false;
+  bool fail_forward = false;
 };
 
 void Layer::load(const Checkpoint& ckpt) {
   if (s_.fail_load) throw std::runtime_error("load failed");
   ++loads;
   w.copy_(ckpt.at("w"));
+}
+
+at::Tensor Layer::forward(const at::Tensor& x) {
+  ++forwards;
+  if (s_.fail_forward) throw std::runtime_error("forward failed");
+  return x * w;
 }
 
 void Layer::process() {
@@ -130,6 +135,50 @@ TEST(LayerLife, AsideTheCachesAreEmptiedAndPutBackHoweverTheStepEnds) {
                std::runtime_error);
   ASSERT_EQ(subject.cache.entries.size(), 1u) << "restored while the error unwinds";
   EXPECT_TRUE(subject.stashed.empty());
+}
+
+// Note [One cold layer per reload]: one layer built aside serves a state
+// read before any forward, then that forward; the caches stay emptied for
+// both and come back after, whether the forward returns or raises.
+TEST(LayerLife, AColdStateThenForwardReadsTheStateBeforeTheForwardRuns) {
+  struct Case {
+    std::string label;
+    bool input;          // a forward input is handed over
+    bool forward_fails;  // the layer's forward raises
+    bool output;         // an output comes back
+  };
+  const std::vector<Case> cases = {
+      {"a state and a forward", true, false, true},
+      {"a state only", false, false, false},
+      {"a forward that raises: the state, no output", true, true, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.label);
+    Subject subject;
+    subject.cache.entries.push_back({"cache[live]", at::zeros({1}), false});
+    subject.fail_forward = c.forward_fails;
+    std::vector<std::string> names;
+    int forwards_before_state = -1;
+    const std::optional<at::Tensor> out = cold_state_then_forward(
+        subject, SubjectInfo{}, subject.draw_checkpoint(5),
+        [&](const LayerState& state) {
+          for (const NamedTensor& t : state.tensors) names.push_back(t.name);
+          forwards_before_state = subject.built.at(0)->forwards;
+        },
+        c.input ? subject.draw_input(0) : at::Tensor());
+    EXPECT_EQ(names, (std::vector<std::string>{"w", "workspace", "cache[w]"}))
+        << "the aside layer's own cache entry, not the live one";
+    EXPECT_EQ(forwards_before_state, 0);
+    EXPECT_EQ(subject.built.at(0)->forwards, c.input ? 1 : 0);
+    ASSERT_EQ(out.has_value(), c.output);
+    if (out) {
+      EXPECT_TRUE(at::equal(
+          *out, cold_forward(subject, subject.draw_checkpoint(5), subject.draw_input(0))));
+    }
+    ASSERT_EQ(subject.cache.entries.size(), 1u);
+    EXPECT_EQ(subject.cache.entries[0].name, "cache[live]");
+    EXPECT_TRUE(subject.stashed.empty());
+  }
 }
 
 TEST(LayerLife, AStateLeavesOutTheNamesTheSubjectSaysAreFree) {

@@ -113,6 +113,27 @@ std::unique_ptr<CapturedDeviceGraph> capture_graph(const c10::Device& device, Su
   }
 }
 
+// Note [A reload that raises]
+// The cold load, its forward and the capture ran; a step of the live
+// layer's reload that then raises (its load or post-processing, the sleep
+// and wake before it, the forward after it) is the reload's bug (a
+// post-processing that asserts on what a sleep zeroed), not bad input: a
+// violation named "reload" at that reload, with the step and the first
+// line of what it raised. The layer is left as the step left it, so the
+// mode ends there; what was measured until then is judged.
+// add_reload_raised records that violation for `what` (a step of the live
+// layer's reload, named for the message) that raised `e` at reload `r`.
+void add_reload_raised(ViolationSink& sink, int r, const std::string& what,
+                       const std::vector<std::unique_ptr<Step>>& steps, const std::exception& e) {
+  std::string when = "at reload " + std::to_string(r);
+  for (const auto& step : steps) {
+    const std::string circumstance = step->circumstance();
+    if (!circumstance.empty()) when += ", " + circumstance;
+  }
+  sink.add(r, "reload", what + " raised where the cold load did not (" + when + ")", "",
+           raised_text(e));
+}
+
 // What the modes of one run share: the subject's info, with what the first
 // mode learnt (free names), the run's input (drawn by the first mode to
 // start and never handed to the subject: each mode hands the forward a copy
@@ -215,57 +236,31 @@ class ModeRun final : public ModeContext {
     ColdLoadOutputs& kept = shared_.cold_loads;
     const Checkpoint& ckpt = reload.checkpoint;
     if (kept.matches_kept_state(reload.index, ckpt, input_, live)) return;
-    // Note [One cold layer per reload]: the layer's forward, unless an
-    // earlier mode's is kept, serves the forward check.
-    const bool forward_too = !kept.has_kept_forward(reload.index, ckpt, input_);
-    memory_.aside([&] {
-      CachesEmptied caches(subject_);
-      std::shared_ptr<SubjectLayer> layer = cold_loaded(subject_, ckpt);
-      {
-        const LayerState cold = layer_state(*layer, subject_.cache_tensors(), info_);
-        kept.keep_state(reload.index, ckpt, input_, cold);
-        compare(cold);
-      }
-      if (forward_too) {
-        at::Tensor x = input_.clone();  // the forward may write its input
-        std::optional<at::Tensor> out;
-        try {
-          out = layer->forward(x);
-        } catch (const std::exception&) {
-          // Nothing offered: the forward check makes its own cold load,
-          // where what it raises is reported as it always was.
-        }
-        if (out) kept.offer(reload.index, std::move(x), std::move(*out));
-      }
-      layer.reset();
-      caches.restore();
-      return true;  // aside() hands back what its step returns
+    // Note [One cold layer per reload]: its forward (on a copy: it may write
+    // its input) serves the forward check, unless an earlier mode's is kept.
+    const bool kept_forward = kept.has_kept_forward(reload.index, ckpt, input_);
+    const at::Tensor x = kept_forward ? at::Tensor() : input_.clone();
+    const std::optional<at::Tensor> out = memory_.aside([&] {
+      return cold_state_then_forward(
+          subject_, info_, ckpt,
+          [&](const LayerState& cold) {
+            kept.keep_state(reload.index, ckpt, input_, cold);
+            compare(cold);
+          },
+          x);
     });
+    if (out) kept.offer(reload.index, x, *out);
   }
   at::Tensor cold_forward_aside(const Checkpoint& ckpt, const at::Tensor& x) override {
     return memory_.aside([&] { return cold_forward(subject_, ckpt, x); });
   }
 
-  // Note [A reload that raises]
-  // The cold load, its forward and the capture ran; a step of the live
-  // layer's reload that then raises (its load or post-processing, the sleep
-  // and wake before it, the forward after it) is the reload's bug (a
-  // post-processing that asserts on what a sleep zeroed), not bad input: a
-  // violation named "reload" at that reload, with the step and the first
-  // line of what it raised. The layer is left as the step left it, so the
-  // mode ends there; what was measured until then is judged.
   bool layer_step_runs(int r, const std::string& what, const std::function<void()>& run) override {
     try {
       run();
       return true;
     } catch (const std::exception& e) {
-      std::string when = "at reload " + std::to_string(r);
-      for (const auto& step : step_objects_) {
-        const std::string circumstance = step->circumstance();
-        if (!circumstance.empty()) when += ", " + circumstance;
-      }
-      sink_.add(r, "reload", what + " raised where the cold load did not (" + when + ")", "",
-                raised_text(e));
+      add_reload_raised(sink_, r, what, step_objects_, e);
       stopped_ = true;
       return false;
     }
