@@ -142,6 +142,11 @@ bool ColdLoadOutputs::has_kept_forward(int r, const Checkpoint& ckpt, const at::
 }
 
 void ColdLoadOutputs::offer(int r, at::Tensor input, at::Tensor out) {
+  // The live forward runs between the offer and the forward() that takes
+  // it: an output that is not the only handle on its bytes (a view of a
+  // buffer kept at module scope, which that forward may write again) is
+  // taken as a copy of what it holds now.
+  if (out.defined() && !sole_owner_of_its_bytes(out)) out = out.clone();
   offered_ = Offered{r, std::move(input), std::move(out)};
 }
 

@@ -45,7 +45,9 @@
 // output is offered to the reload's forward check: forward() takes it in
 // place of a new cold load when its input holds the bytes the offer was
 // computed on (else the live forward wrote its input, and the cold load is
-// made as before), and keeps it for the next mode as it would its own. An
+// made as before), and keeps it for the next mode as it would its own. The
+// live forward runs between the two, so an output that shares its bytes (a
+// view of a buffer kept at module scope) is offered as a copy. An
 // offer is for the forward() that follows it and no other: that call drops
 // it, and the mode drops one left over (a reload that raised before its
 // forward) at the next reload and at its end.
@@ -90,6 +92,7 @@ class ColdLoadOutputs {
   /// Offers `out`, the forward on `input` of a cold load of reload `r`'s
   /// checkpoint that another check of the reload built, to the next
   /// forward() (Note [One cold layer per reload]); replaces any earlier one.
+  /// An output that shares its bytes is offered as a copy.
   void offer(int r, at::Tensor input, at::Tensor out);
   /// Drops an offer no forward() took.
   void drop_offer() { offered_.reset(); }

@@ -154,6 +154,18 @@ TEST(ColdLoadOutputs, AnOfferAnswersOnlyTheNextForwardOfItsReloadOnTheSameInput)
   }
 }
 
+TEST(ColdLoadOutputs, AnOfferedViewOfABufferWrittenAgainAnswersWithWhatItHeldWhenOffered) {
+  ColdLoadOutputs outputs(/*keep=*/false);
+  CountingForward fwd;
+  const at::Tensor x = at::ones({2, 2});
+  at::Tensor buffer = at::full({4, 2}, 5.0);  // a module-scope output buffer
+  outputs.offer(1, x.clone(), buffer.narrow(0, 0, 2));
+  buffer.fill_(9.0);  // the live forward writes its output there too
+  const at::Tensor out = outputs.forward(1, byte_checkpoint(), x, std::ref(fwd));
+  EXPECT_EQ(fwd.calls, 0);
+  EXPECT_TRUE(at::equal(out, at::full({2, 2}, 5.0)));
+}
+
 TEST(ColdLoadOutputs, ATakenOfferIsKeptForTheNextModeAsAComputedOutputIs) {
   ColdLoadOutputs outputs(/*keep=*/true);
   CountingForward fwd;

@@ -240,7 +240,7 @@ class ModeRun final : public ModeContext {
     // its input) serves the forward check, unless an earlier mode's is kept.
     const bool kept_forward = kept.has_kept_forward(reload.index, ckpt, input_);
     const at::Tensor x = kept_forward ? at::Tensor() : input_.clone();
-    const std::optional<at::Tensor> out = memory_.aside([&] {
+    std::optional<at::Tensor> out = memory_.aside([&] {
       return cold_state_then_forward(
           subject_, info_, ckpt,
           [&](const LayerState& cold) {
@@ -249,7 +249,7 @@ class ModeRun final : public ModeContext {
           },
           x);
     });
-    if (out) kept.offer(reload.index, x, *out);
+    if (out) kept.offer(reload.index, x, std::move(*out));
   }
   at::Tensor cold_forward_aside(const Checkpoint& ckpt, const at::Tensor& x) override {
     return memory_.aside([&] { return cold_forward(subject_, ckpt, x); });
