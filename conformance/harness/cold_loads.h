@@ -47,10 +47,10 @@
 // computed on (else the live forward wrote its input, and the cold load is
 // made as before), and keeps it for the next mode as it would its own. The
 // live forward runs between the two, so an output that shares its bytes (a
-// view of a buffer kept at module scope) is offered as a copy. An
-// offer is for the forward() that follows it and no other: that call drops
-// it, and the mode drops one left over (a reload that raised before its
-// forward) at the next reload and at its end.
+// view of a buffer kept at module scope) is offered as a copy. An offer is
+// for the forward() that follows it and no other: that call drops it, and
+// the mode drops one left over (a reload that raised before its forward)
+// at the next reload and at its end.
 //
 // Invariant: a kept output is reused only for the same reload number and a
 // checkpoint and input with the same fingerprint; anything else is computed
@@ -81,8 +81,8 @@ class ColdLoadOutputs {
 
   /// The cold-load forward for reload `r` of `ckpt` on `x`: a kept one with
   /// the same fingerprint, else the offered one (offer()), else
-  /// `cold_forward()` (either kept for the next mode if reload `r` has none
-  /// kept yet). Drops the offer, taken or not.
+  /// `cold_forward()`; the one returned is kept for the next mode if reload
+  /// `r` has none kept yet. Drops the offer, taken or not.
   at::Tensor forward(int r, const Checkpoint& ckpt, const at::Tensor& x,
                      const std::function<at::Tensor()>& cold_forward);
 
