@@ -8,14 +8,16 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <cstdlib>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 namespace reloadsafe {
 namespace {
 
+using testing::length_field;
 using testing::message_of;
+using testing::temp_path;
 
 TEST(SafetensorsHeader, ParsesTensorsInFileOrder) {
   const std::string json =
@@ -123,8 +125,7 @@ TEST(SafetensorsHeader, RefusesMalformedHeaders) {
 class TempFile {
  public:
   explicit TempFile(const std::string& bytes) {
-    const char* dir = std::getenv("TEST_TMPDIR");
-    path_ = std::string(dir != nullptr ? dir : ".") + "/header_XXXXXX";
+    path_ = temp_path("header_XXXXXX");
     fd_ = mkstemp(path_.data());
     EXPECT_GE(fd_, 0);
     EXPECT_EQ(write(fd_, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
@@ -139,12 +140,6 @@ class TempFile {
   std::string path_;
   int fd_;
 };
-
-std::string length_field(uint64_t n) {
-  std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
-  return out;
-}
 
 struct FileCase {
   const char* what;
