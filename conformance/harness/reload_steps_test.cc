@@ -10,11 +10,16 @@
 #include <ATen/ops/eye.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/isnan.h>
+#include <ATen/ops/logical_not.h>
+#include <ATen/ops/masked_select.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -48,6 +53,38 @@ TEST(DiscardStorage, FillsTheWholeStorageInPlaceWithTheDtypesGarbage) {
       EXPECT_TRUE(at::equal(row.base, row.expected)) << row.base;
     } else {
       EXPECT_TRUE(at::isnan(row.base).all().item<bool>()) << row.base;
+    }
+  }
+}
+
+// The host fills the storage by copying one element (reload_steps.cc): its
+// bytes must be exactly those of fill_ over the whole storage, for every
+// dtype (the common ones converted directly, the others through fill_ on one
+// element) and any length (the filled run doubles, so odd lengths end the
+// last copy short).
+TEST(DiscardStorage, OnTheHostWritesTheBytesFillWouldWrite) {
+  const at::ScalarType dtypes[] = {
+      at::kFloat,  at::kDouble,        at::kHalf,        at::kBFloat16,     at::kBool,
+      at::kByte,   at::kChar,          at::kShort,       at::kInt,          at::kLong,
+      at::kUInt16, at::kFloat8_e4m3fn, at::kFloat8_e5m2, at::kComplexFloat, at::kComplexDouble};
+  for (const at::ScalarType dtype : dtypes) {
+    for (const int64_t integer : {int64_t{0}, int64_t{-1}, int64_t{3}}) {
+      for (const int64_t n : {int64_t{1}, int64_t{3}, int64_t{17}, int64_t{1000}}) {
+        SCOPED_TRACE(std::string(c10::toString(dtype)) + " integer " + std::to_string(integer) +
+                     " n " + std::to_string(n));
+        const at::Tensor base = at::zeros({n}, at::kByte).to(dtype);
+        discard_storage(base.narrow(0, n - 1, 1), integer);
+        at::Tensor expected = at::zeros({n}, at::kByte).to(dtype);
+        if (expected.is_floating_point() || expected.is_complex()) {
+          expected.fill_(std::numeric_limits<double>::quiet_NaN());
+        } else if (dtype == at::kBool) {
+          expected.fill_(integer != 0);
+        } else {
+          expected.fill_(integer);
+        }
+        const size_t nbytes = static_cast<size_t>(n) * base.element_size();
+        EXPECT_EQ(std::memcmp(base.const_data_ptr(), expected.const_data_ptr(), nbytes), 0);
+      }
     }
   }
 }
@@ -89,6 +126,45 @@ TEST(SleepAndWake, ASparseTensorSleepsAndWakesByItsParts) {
   EXPECT_TRUE(at::equal(reached._indices(), at::zeros_like(reached._indices())));
   EXPECT_EQ(reached._values().data_ptr(), values);
   EXPECT_TRUE(at::equal(restored.to_dense(), dense));
+}
+
+// Restored parts keep their bytes on the host in two ways: a contiguous one
+// as raw bytes, any other as a copy; each wakes with exactly its own
+// elements, whatever else shares its storage.
+TEST(SleepAndWake, RestoresContiguousAndStridedPartsExactly) {
+  struct Row {
+    const char* name;
+    at::Tensor base;
+    std::function<at::Tensor(const at::Tensor&)> view;  ///< the restored part of base
+  };
+  const at::Tensor square = at::arange(16, at::kFloat).reshape({4, 4});
+  const Row rows[] = {
+      {"whole", square.clone(), [](const at::Tensor& t) { return t; }},
+      {"narrowed at an offset", square.clone(),
+       [](const at::Tensor& t) { return t.narrow(0, 1, 2); }},
+      {"transposed", square.clone(), [](const at::Tensor& t) { return t.t(); }},
+      {"every other column", square.clone(),
+       [](const at::Tensor& t) { return t.slice(1, 0, 4, 2); }},
+      {"integers", at::arange(9, at::kLong), [](const at::Tensor& t) { return t.narrow(0, 3, 4); }},
+  };
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.name);
+    const at::Tensor restored = row.view(row.base);
+    const at::Tensor before = restored.clone();
+    const void* data = row.base.data_ptr();
+    sleep_and_wake({{"base", row.base, true}}, {restored});
+    EXPECT_EQ(row.base.data_ptr(), data);
+    EXPECT_TRUE(at::equal(restored, before)) << restored;
+    // What the restored part does not view stays discarded.
+    const at::Tensor in_part = at::zeros(row.base.sizes(), at::kBool);
+    row.view(in_part).fill_(true);
+    const at::Tensor rest = row.base.masked_select(in_part.logical_not());
+    if (row.base.is_floating_point()) {
+      EXPECT_TRUE(at::isnan(rest).all().item<bool>()) << row.base;
+    } else {
+      EXPECT_TRUE(at::equal(rest, at::zeros_like(rest))) << row.base;
+    }
+  }
 }
 
 TEST(SleepAndWake, LevelOneRestoresParametersToo) {
