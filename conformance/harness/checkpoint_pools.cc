@@ -32,6 +32,14 @@ bool scaled_by_mul(at::ScalarType dtype) {
          dtype == at::kBFloat16;
 }
 
+// The float8 dtypes the loop scales as the ops do: widened to float (exact),
+// multiplied in float, narrowed by c10's conversion (ATen's copy_ uses the
+// same).
+bool float8_through_float(at::ScalarType dtype) {
+  return dtype == at::kFloat8_e4m3fn || dtype == at::kFloat8_e5m2 ||
+         dtype == at::kFloat8_e4m3fnuz || dtype == at::kFloat8_e5m2fnuz;
+}
+
 // Whether `pool`'s window at `offset` is drawn by the loop below: a dense
 // CPU pool (plain_cpu_bytes) at the start of a storage that holds the window,
 // of a dtype the loop handles (integers, bool, and the real dtypes at::mul
@@ -41,7 +49,7 @@ bool drawn_by_loop(const at::Tensor& pool, int64_t offset) {
   const at::ScalarType dtype = pool.scalar_type();
   if (pool.numel() >= at::internal::GRAIN_SIZE || !plain_cpu_bytes(pool) ||
       pool.storage_offset() != 0 || pool.is_conj() || pool.is_neg() || at::isComplexType(dtype) ||
-      (at::isFloatingType(dtype) && !scaled_by_mul(dtype))) {
+      (at::isFloatingType(dtype) && !scaled_by_mul(dtype) && !float8_through_float(dtype))) {
     return false;
   }
   const auto needed = static_cast<size_t>(offset + pool.numel()) * pool.element_size();
@@ -91,6 +99,18 @@ at::Tensor draw_by_loop(const at::Tensor& pool, const PoolWindow& w) {
       break;
     case at::kBFloat16:
       scale_into<at::BFloat16>(src, dst, n, w.scale);
+      break;
+    case at::kFloat8_e4m3fn:
+      scale_into<at::Float8_e4m3fn>(src, dst, n, w.scale);
+      break;
+    case at::kFloat8_e5m2:
+      scale_into<at::Float8_e5m2>(src, dst, n, w.scale);
+      break;
+    case at::kFloat8_e4m3fnuz:
+      scale_into<at::Float8_e4m3fnuz>(src, dst, n, w.scale);
+      break;
+    case at::kFloat8_e5m2fnuz:
+      scale_into<at::Float8_e5m2fnuz>(src, dst, n, w.scale);
       break;
     default:  // integers and bool: the window unscaled
       std::memcpy(dst, src, static_cast<size_t>(n) * item);

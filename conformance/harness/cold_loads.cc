@@ -29,7 +29,9 @@ uint64_t mix_bytes(uint64_t h, const at::Tensor& t) {
   const at::Tensor c = t.is_contiguous() ? t : t.contiguous();
   const auto* p = static_cast<const unsigned char*>(c.const_data_ptr());
   const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
-  uint64_t lane[4] = {h, h ^ 1, h ^ 2, h ^ 3};
+  // The lanes are four locals, not an array: gcc keeps an array indexed in
+  // a loop in memory, and each step then waits for a store to be read back.
+  uint64_t l0 = h, l1 = h ^ 1, l2 = h ^ 2, l3 = h ^ 3;
   const auto word = [&](size_t at) {
     uint64_t w;
     std::memcpy(&w, p + at, 8);
@@ -37,12 +39,15 @@ uint64_t mix_bytes(uint64_t h, const at::Tensor& t) {
   };
   size_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    for (int k = 0; k < 4; ++k) lane[k] = (lane[k] ^ word(i + 8 * k)) * kPrime;
+    l0 = (l0 ^ word(i)) * kPrime;
+    l1 = (l1 ^ word(i + 8)) * kPrime;
+    l2 = (l2 ^ word(i + 16)) * kPrime;
+    l3 = (l3 ^ word(i + 24)) * kPrime;
   }
-  for (; i + 8 <= n; i += 8) lane[0] = (lane[0] ^ word(i)) * kPrime;
-  for (; i < n; ++i) lane[0] = (lane[0] ^ p[i]) * kPrime;
-  uint64_t out = lane[0];
-  for (int k = 1; k < 4; ++k) out = (out ^ lane[k]) * kPrime;
+  for (; i + 8 <= n; i += 8) l0 = (l0 ^ word(i)) * kPrime;
+  for (; i < n; ++i) l0 = (l0 ^ p[i]) * kPrime;
+  uint64_t out = l0;
+  for (const uint64_t lane : {l1, l2, l3}) out = (out ^ lane) * kPrime;
   return (out ^ static_cast<uint64_t>(n)) * kPrime;
 }
 // Mixes t's dtype, sizes and bytes into *h; false for a tensor whose bytes
