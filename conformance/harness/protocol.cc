@@ -348,6 +348,13 @@ class ModeRun final : public ModeContext {
     forward_.check(reload, replayed_graph, [&] {
       for (const auto& step : step_objects_) step->after_forward(*this, reload);
     });
+    // Note [A mode not claimed]
+    // A mode the subject does not claim (SubjectInfo::modes) runs to tell
+    // whether it keeps every address anyway; the verdict leaves it out. Its
+    // first reload with a violation answers that, and each further reload
+    // would repeat the answer at the cost of a whole reload and its report:
+    // the mode ends there, and reloads_done says where.
+    if (!report_.expected_to_pass && report_.violation_count > 0) stopped_ = true;
   }
 
   ReloadSubject& subject_;

@@ -46,6 +46,7 @@ class CountingSubject : public ReloadSubject {
   SubjectInfo info() const override {
     SubjectInfo info;
     info.name = "counting";
+    info.modes = claims;
     return info;
   }
   Checkpoint draw_checkpoint(uint64_t seed) override {
@@ -77,6 +78,7 @@ class CountingSubject : public ReloadSubject {
   // Python float computed in post-processing is: a graph keeps the captured one.
   static double scale_of(const at::Tensor& w) { return 1.0 + w.abs().max().item<double>(); }
 
+  std::vector<ReloadMode> claims = {ReloadMode::kNormal, ReloadMode::kDirect};
   bool vary = false;
   bool wrong_in_direct = false;
   bool scale_from_checkpoint = false;
@@ -318,6 +320,40 @@ TEST(Protocol, AWrongReloadInTheSecondModeIsFlaggedAgainstTheKeptColdLoad) {
   for (const Violation& v : direct.violations) forward = forward || v.tensor == "forward";
   EXPECT_TRUE(forward) << to_table({report});
   EXPECT_EQ(subject.cold_forwards, 4);
+}
+
+// Note [A mode not claimed]: an unclaimed mode ends at its first reload with
+// a violation; a claimed one, and an unclaimed one that keeps every address,
+// run every reload.
+TEST(Protocol, AModeNotClaimedEndsAtItsFirstReloadWithAViolation) {
+  struct Row {
+    const char* name;
+    std::vector<ReloadMode> claims;
+    bool wrong_in_direct;
+    int direct_reloads;  ///< the direct mode's reloads_done
+    int normal_reloads;
+    bool ok;
+  };
+  const Row rows[] = {
+      {"claimed and wrong", {ReloadMode::kNormal, ReloadMode::kDirect}, true, 5, 5, false},
+      {"not claimed and wrong", {ReloadMode::kNormal}, true, 1, 5, true},
+      {"not claimed and right", {ReloadMode::kDirect}, false, 5, 5, true},
+  };
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.name);
+    CountingSubject subject;
+    subject.claims = row.claims;
+    subject.wrong_in_direct = row.wrong_in_direct;
+    const BackendReport report = run_subject(subject, options(5, true));
+    ASSERT_EQ(report.modes.size(), 2u);
+    EXPECT_EQ(report.modes[0].reloads_done, row.normal_reloads) << to_table({report});
+    EXPECT_EQ(report.modes[1].reloads_done, row.direct_reloads) << to_table({report});
+    EXPECT_EQ(report.ok(), row.ok) << to_table({report});
+    if (row.wrong_in_direct) {
+      EXPECT_GT(report.modes[1].violation_count, 0);
+      for (const Violation& v : report.modes[1].violations) EXPECT_LE(v.reload, row.direct_reloads);
+    }
+  }
 }
 
 TEST(Protocol, AViolationCarriesTheNumberOfTheReloadAfterWhichItWasSeen) {

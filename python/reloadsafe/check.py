@@ -78,7 +78,9 @@ def check_reload(
     (load and post-processing) a layer is put in eval mode, as an engine's
     loader leaves it.
 
-    For each mode in ``modes`` ("normal", "direct"): a cold load, one
+    In each mode, "normal" and "direct" (``modes`` names those the layer
+    claims; the verdict counts only them, and a mode not claimed ends at its
+    first reload with a violation): a cold load, one
     warm-up forward, then the forward traced (the captured read set: every
     op and every tensor it reads, as a CUDA graph would bake them in), and
     ``reloads`` reloads. After each reload:
