@@ -59,7 +59,9 @@ _COPTS = LIBTORCH_COPTS + [
     # Per-operator headers, as //tools:defs.bzl's RS_COPTS (see there).
     "-DAT_PER_OPERATOR_HEADERS",
     "-O1",
-    "-g",
+    # Line tables only: what a sanitizer's or libFuzzer's stack trace prints,
+    # for less compile time than full debug information.
+    "-gline-tables-only",
     "-fno-omit-frame-pointer",
     "-Wall",
     "-Wextra",
