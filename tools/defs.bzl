@@ -16,9 +16,6 @@ environment in one place:
                     default run leaves it out; `--config=gpu` runs it.
   rs_benchmark      a Google Benchmark binary plus `<name>_smoke`, a cc_test
                     that runs every benchmark once, briefly.
-
-rs_library, rs_binary, rs_test, rs_property_test and rs_benchmark take
-`pch = True` for a target whose sources include utils/layer.h (see _PCH).
 """
 
 load("@libtorch//:version.bzl", "LIBTORCH_COPTS")
@@ -48,46 +45,29 @@ _TORCH_CPU = "@libtorch//:torch_cpu"
 _TORCH_CUDA = "@libtorch//:torch_cuda"
 _GTEST_MAIN = "@gtest//:gtest_main"
 
-# `pch = True`: every source of the target is compiled with
-# `-include reloadsafe_pch.h`, which gcc reads already parsed
-# (//tools/pch, tools/pch.bzl: LibTorch's torch/nn/module.h, which
-# utils/layer.h includes and which brings all of ATen). It pays where each
-# source of the target includes utils/layer.h (about 7 s less per source with
-# gcc 12 on a two-core machine); a source that does not pays about 2 s to load
-# the parsed header instead of parsing less. Such a source may not define a
-# macro LibTorch's headers read before including them
-# (TORCH_ASSERT_ONLY_METHOD_OPERATORS): the parsed header comes first.
-_PCH = "//tools/pch:reloadsafe_pch"
-
-def _pch_copts(pch):
-    return ["-include", "reloadsafe_pch.h"] if pch else []
-
-def _pch_deps(pch):
-    return [_PCH] if pch else []
-
-def rs_library(name, copts = [], deps = [], pch = False, **kwargs):
+def rs_library(name, copts = [], deps = [], **kwargs):
     native.cc_library(
         name = name,
-        copts = RS_COPTS + copts + _pch_copts(pch),
-        deps = deps + [_TORCH_CPU] + _pch_deps(pch),
+        copts = RS_COPTS + copts,
+        deps = deps + [_TORCH_CPU],
         **kwargs
     )
 
-def rs_binary(name, copts = [], deps = [], pch = False, **kwargs):
+def rs_binary(name, copts = [], deps = [], **kwargs):
     native.cc_binary(
         name = name,
-        copts = RS_COPTS + copts + _pch_copts(pch),
-        deps = deps + [_TORCH_CPU] + _pch_deps(pch),
+        copts = RS_COPTS + copts,
+        deps = deps + [_TORCH_CPU],
         **kwargs
     )
 
-def rs_test(name, srcs, deps = [], copts = [], size = "small", pch = False, **kwargs):
+def rs_test(name, srcs, deps = [], copts = [], size = "small", **kwargs):
     native.cc_test(
         name = name,
         srcs = srcs,
         size = size,
-        copts = RS_COPTS + copts + _pch_copts(pch),
-        deps = deps + [_TORCH_CPU, _GTEST_MAIN] + _pch_deps(pch),
+        copts = RS_COPTS + copts,
+        deps = deps + [_TORCH_CPU, _GTEST_MAIN],
         **kwargs
     )
 
@@ -99,7 +79,6 @@ def rs_property_test(
         soak_cases = None,
         size = "medium",
         tags = [],
-        pch = False,
         **kwargs):
     """A RapidCheck property test, and its soak run.
 
@@ -115,10 +94,10 @@ def rs_property_test(
         name = name,
         srcs = srcs,
         size = size,
-        copts = RS_COPTS + _pch_copts(pch),
+        copts = RS_COPTS,
         env = {"RC_PARAMS": rc_params},
         tags = tags + ["property"],
-        deps = deps + [_TORCH_CPU, "@rapidcheck", _GTEST_MAIN] + _pch_deps(pch),
+        deps = deps + [_TORCH_CPU, "@rapidcheck", _GTEST_MAIN],
         **kwargs
     )
     if soak_cases != None:
@@ -200,7 +179,7 @@ def rs_gpu_test(
             deps = [_GTEST_MAIN],
         )
 
-def rs_benchmark(name, srcs, deps = [], smoke_args = [], tags = [], pch = False, **kwargs):
+def rs_benchmark(name, srcs, deps = [], smoke_args = [], tags = [], **kwargs):
     """A Google Benchmark binary and its smoke test.
 
     `bazel run -c opt //pkg:name -- --benchmark_out=...` measures;
@@ -210,8 +189,8 @@ def rs_benchmark(name, srcs, deps = [], smoke_args = [], tags = [], pch = False,
     native.cc_binary(
         name = name,
         srcs = srcs,
-        copts = RS_COPTS + _pch_copts(pch),
-        deps = deps + [_TORCH_CPU, "@benchmark"] + _pch_deps(pch),
+        copts = RS_COPTS,
+        deps = deps + [_TORCH_CPU, "@benchmark"],
         tags = tags,
         **kwargs
     )
