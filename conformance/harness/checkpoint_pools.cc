@@ -5,6 +5,7 @@
 #include "conformance/harness/values.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Dispatch_v2.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
@@ -87,34 +88,15 @@ at::Tensor draw_by_loop(const at::Tensor& pool, const PoolWindow& w) {
   at::Tensor out(at::detail::empty_cpu(pool.sizes(), dtype));
   void* dst = out.mutable_data_ptr();
   if (n == 0) return out;
-  switch (dtype) {
-    case at::kFloat:
-      scale_into<float>(src, dst, n, w.scale);
-      break;
-    case at::kDouble:
-      scale_into<double>(src, dst, n, w.scale);
-      break;
-    case at::kHalf:
-      scale_into<at::Half>(src, dst, n, w.scale);
-      break;
-    case at::kBFloat16:
-      scale_into<at::BFloat16>(src, dst, n, w.scale);
-      break;
-    case at::kFloat8_e4m3fn:
-      scale_into<at::Float8_e4m3fn>(src, dst, n, w.scale);
-      break;
-    case at::kFloat8_e5m2:
-      scale_into<at::Float8_e5m2>(src, dst, n, w.scale);
-      break;
-    case at::kFloat8_e4m3fnuz:
-      scale_into<at::Float8_e4m3fnuz>(src, dst, n, w.scale);
-      break;
-    case at::kFloat8_e5m2fnuz:
-      scale_into<at::Float8_e5m2fnuz>(src, dst, n, w.scale);
-      break;
-    default:  // integers and bool: the window unscaled
-      std::memcpy(dst, src, static_cast<size_t>(n) * item);
+  if (!at::isFloatingType(dtype)) {  // integers and bool: the window unscaled
+    std::memcpy(dst, src, static_cast<size_t>(n) * item);
+    return out;
   }
+  // The floating dtypes drawn_by_loop() accepts.
+  AT_DISPATCH_V2(dtype, "draw_by_loop",
+                 AT_WRAP([&] { scale_into<scalar_t>(src, dst, n, w.scale); }), at::kFloat,
+                 at::kDouble, at::kHalf, at::kBFloat16, at::kFloat8_e4m3fn, at::kFloat8_e5m2,
+                 at::kFloat8_e4m3fnuz, at::kFloat8_e5m2fnuz);
   return out;
 }
 
