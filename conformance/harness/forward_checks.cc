@@ -3,6 +3,7 @@
 #include "conformance/harness/forward_checks.h"
 
 #include "conformance/harness/values.h"
+#include "conformance/trace/capture.h"
 #include "conformance/trace/read_trace.h"
 
 #include <algorithm>
@@ -95,7 +96,7 @@ void ForwardChecks::check(const Reload& reload, const at::Tensor& replayed_graph
 bool ForwardChecks::sequence_follows_the_weights(const trace::CheckingRetrace& retrace,
                                                  const Checkpoint& ckpt) {
   const at::Tensor x = mode_.input().clone();  // the aside forward may write its input
-  trace::ReadTrace cold;
+  trace::ReadTrace cold(trace::capture_trace_options());
   mode_.cold_forward_aside(ckpt, x);
   cold.stop();
   return capture_.forward->follows_values(retrace, cold.ops());
@@ -115,17 +116,18 @@ void ForwardChecks::warn_sequence_follows_the_weights(const trace::ReadChange& c
 }
 
 // `retraced`: the retraced forward's output, when the retrace made exactly
-// the captured calls (CapturedForward::replays_as). After the first
-// reload's replay has run, that output is taken as the replay's instead of
-// running the ops again: the same ops on the same bytes (Note [A retrace
-// that is its own replay] in capture.cc). `retraced_close`: whether that
-// output is close to `expected` (check() has compared them).
+// the captured calls (CapturedForward::replays_as). That output is taken as
+// the replay's instead of running the ops again: the same ops on the same
+// bytes (Note [A retrace that is its own replay] in capture.cc), once a
+// replay is known to run through: from the capture alone where it tells
+// (replays_through), else after one replay has run. `retraced_close`:
+// whether that output is close to `expected` (check() has compared them).
 void ForwardChecks::check_replay(int r, const at::Tensor& expected, const at::Tensor* retraced,
                                  bool retraced_close) {
   std::optional<at::Tensor> replayed;
   std::string why;
   bool replayed_close = false;
-  if (retraced != nullptr && replayed_once_) {
+  if (retraced != nullptr && (replayed_once_ || capture_.forward->replays_through())) {
     replayed = *retraced;
     replayed_close = retraced_close;
   } else {

@@ -169,6 +169,14 @@ TEST(MaxDiff, SaysByHowMuchOrThatTheShapesDiffer) {
             "2 NaN where the other has numbers");
   EXPECT_EQ(max_diff(floats({NAN, 2}), floats({NAN, 2.5f})), "max |diff| 0.5");
   EXPECT_EQ(max_diff(at::zeros({2, 3}), at::zeros({3, 2})), "shape [2, 3] vs [3, 2]");
+  EXPECT_EQ(max_diff(floats({INFINITY, 1}), floats({INFINITY, 3})), "max |diff| 2")
+      << "the same infinity is no difference";
+  EXPECT_EQ(max_diff(floats({-INFINITY, 1}), floats({0, 1})), "max |diff| inf");
+  EXPECT_EQ(max_diff(floats({1, 2, 3, 4}).view({2, 2}).t(), floats({1, 3, 2, 4.5f}).view({2, 2})),
+            "max |diff| 0.5")
+      << "elements compared by index, not by storage order";
+  EXPECT_EQ(max_diff(at::arange(4, at::kInt), at::arange(4, at::kLong) * 2), "max |diff| 3");
+  EXPECT_EQ(max_diff(at::empty({0}), at::empty({0})), "max |diff| 0");
   EXPECT_EQ(max_diff(floats({0, 2}).reshape({1, 2}).to_sparse(),
                      floats({0, 2.25f}).reshape({1, 2}).to_sparse_csr()),
             "max |diff| 0.25");

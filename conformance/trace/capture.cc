@@ -249,7 +249,7 @@ class CapturedForward::Holder final : public CallHook {
 
 CapturedForward::CapturedForward(const std::function<at::Tensor()>& forward)
     : holder_(std::make_unique<Holder>()) {
-  trace_ = std::make_unique<ReadTrace>(ReadTrace::Options{/*nested=*/true, holder_.get()});
+  trace_ = std::make_unique<ReadTrace>(capture_trace_options(holder_.get()));
   try {
     output_ = forward();
   } catch (...) {
@@ -376,13 +376,17 @@ std::vector<CapturedRead> CapturedForward::reads(const TensorNames& names, bool 
 // afterwards.
 
 CheckingRetrace::CheckingRetrace(const CapturedForward& capture)
-    : expected_(capture.trace().ops()), trace_(ReadTrace::Options{/*nested=*/true, this}) {}
+    : expected_(capture.trace().ops()), trace_(capture_trace_options(this)) {}
 
 bool CheckingRetrace::skip(ReadTrace& trace, size_t position, int depth,
                            const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
   return position < expected_.size() &&
          is_expected_call(expected_[position], depth, schema, args.data(), args.size(),
                           [&](const at::Tensor& t) { return trace.classify_argument(t); });
+}
+
+bool CheckingRetrace::skip_named(size_t position, int depth, std::string_view name) {
+  return position < expected_.size() && is_expected_named_call(expected_[position], depth, name);
 }
 
 bool CheckingRetrace::keep(size_t position, const OpCall& call, bool droppable) {
@@ -594,7 +598,49 @@ std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
 // output as the replay's and skip re-running the ops; anything that differs
 // (a moved tensor, a rebuilt Python float handed as a scalar, a replaced
 // subclass wrapper whose attributes changed) makes replays_as() false, and
-// the replay runs.
+// the replay runs. What the retrace cannot tell is whether a replay would
+// run at all: replays_through() answers it from the capture where it can
+// (no random draw, every made argument and the output an earlier call's
+// result object), and a harness that cannot know runs one replay first.
+bool CapturedForward::replays_through() const {
+  if (replays_through_) return *replays_through_;
+  auto find = [&] {
+    if (!random_op_.empty()) return false;
+    if (!unmade_read_) unmade_read_ = find_unmade_read();
+    if (!unmade_read_->empty()) return false;
+    // What replay() looks up: an argument the forward made, by its object.
+    auto made_by_forward = [&](const at::Tensor& t) {
+      return has_plain_storage(t) &&
+             !trace_->classify(t.storage().unsafeGetStorageImpl()).value_or(true);
+    };
+    std::unordered_set<const c10::TensorImpl*> results;
+    bool found = true;
+    for (const HeldCall& call : holder_->held()) {
+      for (const c10::IValue& v : call.inputs) {
+        map_tensors(v, [&](const at::Tensor& t) -> at::Tensor {
+          if (made_by_forward(t) && results.count(t.unsafeGetTensorImpl()) == 0) found = false;
+          return t;
+        });
+      }
+      if (!found) return false;
+      for (const c10::IValue& out : call.outputs) {
+        if (out.isTensor()) {
+          results.insert(out.toTensor().unsafeGetTensorImpl());
+        } else if (out.isTensorList()) {
+          for (const at::Tensor& t : out.toTensorList().vec())
+            results.insert(t.unsafeGetTensorImpl());
+        }
+      }
+    }
+    if (!output_.defined()) return false;
+    return results.count(output_.unsafeGetTensorImpl()) > 0 ||
+           (has_plain_storage(output_) &&
+            trace_->classify(output_.storage().unsafeGetStorageImpl()).value_or(true));
+  };
+  replays_through_ = find();
+  return *replays_through_;
+}
+
 bool CapturedForward::replays_as(const ReadTrace& retrace) const {
   return replays_as(Kept{retrace.ops(), nullptr, retrace.calls()});
 }

@@ -130,6 +130,16 @@ class TensorNames {
 
 class CheckingRetrace;
 
+/// How a capture, its retraces and any trace compared with them call by call
+/// trace: nested ops recorded, the ops an ATen op calls by name only (Note
+/// [Inside an ATen op] in read_trace.cc), with `hook`.
+inline ReadTrace::Options capture_trace_options(CallHook* hook = nullptr) {
+  ReadTrace::Options options;
+  options.hook = hook;
+  options.aten_callee_reads = false;
+  return options;
+}
+
 class CapturedForward {
  public:
   /// Runs `forward` once under a ReadTrace whose hook holds every top-level
@@ -181,6 +191,15 @@ class CapturedForward {
   /// the replayed output, or nothing with the reason in `why`.
   std::optional<at::Tensor> replay(std::string* why) const;
 
+  /// Whether replay() is known from the capture alone to run every captured
+  /// call and return a result: no call draws random numbers, every argument
+  /// the forward made is the very result of an earlier top-level call, and
+  /// so is the output, or the forward did not make it. Found once. Where it
+  /// holds, a retrace that replays_as() this capture gives the replay's
+  /// output without a replay ever running (Note [A retrace that is its own
+  /// replay] in capture.cc).
+  bool replays_through() const;
+
   /// Whether the retrace made exactly the captured calls (Note [A retrace
   /// that is its own replay] in capture.cc): as many, each the captured call
   /// in every respect same_call (call_match.h) looks at: the same ops in the
@@ -218,6 +237,7 @@ class CapturedForward {
   /// replay gives up before it runs an op]); a capture never replayed pays
   /// nothing for it.
   mutable std::optional<std::string> unmade_read_;
+  mutable std::optional<bool> replays_through_;  // replays_through(), once found
 };
 
 /// The forward traced again after a reload, each call checked against the
@@ -251,6 +271,7 @@ class CheckingRetrace final : private CallHook {
   friend class CapturedForward;  // walks kept() with positions_
   bool skip(ReadTrace& trace, size_t position, int depth, const c10::FunctionSchema& schema,
             c10::ArrayRef<c10::IValue> args) override;
+  bool skip_named(size_t position, int depth, std::string_view name) override;
   bool keep(size_t position, const OpCall& call, bool droppable) override;
 
   const std::vector<OpCall>& expected_;

@@ -127,7 +127,7 @@ struct Retraced {
 
 Retraced retrace(const CapturedForward& capture, const TensorNames& names,
                  const std::function<at::Tensor()>& forward) {
-  ReadTrace full;
+  ReadTrace full(capture_trace_options());  // recorded as the capture is
   CheckingRetrace checking(capture);
   Retraced r;
   r.out = forward();
@@ -558,6 +558,51 @@ TEST(CapturedForward, AMadeTensorHandedOnUnderAnotherObjectIsReplayed) {
   EXPECT_TRUE(at::allclose(*replayed, x + old));
 }
 
+// replays_through(): whether a replay is known from the capture alone to
+// run every call and return a result. Where it says yes, the replay does;
+// where it says no, either the replay gives up or only running it could
+// tell (a made tensor handed on under another object).
+TEST(CapturedForward, ReplaysThroughTellsFromTheCaptureWhetherAReplayRuns) {
+  const at::Tensor w = at::randn({4});
+  const at::Tensor x = at::randn({4});
+  struct Row {
+    const char* forward;
+    std::function<at::Tensor()> run;
+    bool through;
+  };
+  const std::vector<Row> rows = {
+      {"ops on external and made tensors", [&] { return at::mul(at::add(x, w), w); }, true},
+      {"returns an external tensor",
+       [&] {
+         at::neg(x);
+         return w;
+       },
+       true},
+      {"a random draw", [&] { return at::dropout(w, 0.5, /*train=*/true); }, false},
+      {"reads a tensor made without an op", [&] { return at::mul(stash_ones(x), stashed()); },
+       false},
+      {"a made tensor handed on under another object",
+       [&] {
+         const at::Tensor made = at::zeros({4});
+         const at::Tensor other(made.unsafeGetTensorImpl()->shallow_copy_and_detach(
+             /*version_counter=*/c10::VariableVersion(0), /*allow_tensor_metadata_change=*/true));
+         return at::add(other, x);
+       },
+       false},
+  };
+  for (const Row& row : rows) {
+    CapturedForward capture(row.run);
+    EXPECT_EQ(capture.replays_through(), row.through) << row.forward;
+    std::string why;
+    const std::optional<at::Tensor> replayed = capture.replay(&why);
+    if (row.through) {
+      EXPECT_TRUE(replayed.has_value()) << row.forward << ": " << why;
+    }
+    EXPECT_EQ(capture.replays_through(), row.through) << row.forward << ", after a replay";
+    stashed().reset();
+  }
+}
+
 // A read of a tensor with no elements reads no byte: a compiler's empty
 // constant is no read a graph holds, and its place may change freely.
 TEST(CapturedForward, AReadOfNoElementsIsNoRead) {
@@ -588,12 +633,12 @@ TEST(CapturedForward, AnOpSequenceFollowsValuesOnlyAfterAValueReadOnTheHost) {
   CheckingRetrace retrace(capture);
   routed();
   retrace.stop();
-  ReadTrace cold;
+  ReadTrace cold(capture_trace_options());
   at::Tensor loaded = at::neg(at::ones({4, 4}));  // a cold load, then its forward
   routed();
   cold.stop();
   EXPECT_TRUE(capture.follows_values(retrace, cold.ops()));
-  ReadTrace other_ops;
+  ReadTrace other_ops(capture_trace_options());
   at::mm(x, w.t());
   other_ops.stop();
   EXPECT_FALSE(capture.follows_values(retrace, other_ops.ops())) << "another run ran other ops";
@@ -607,7 +652,7 @@ TEST(CapturedForward, AnOpSequenceFollowsValuesOnlyAfterAValueReadOnTheHost) {
   CheckingRetrace lazy_retrace(lazy_capture);
   lazy();
   lazy_retrace.stop();
-  ReadTrace lazy_cold;
+  ReadTrace lazy_cold(capture_trace_options());
   cached = w.t().contiguous();  // the cold load's post-processing
   lazy();
   lazy_cold.stop();

@@ -47,6 +47,10 @@ thread_local int tls_bookkeeping = 0;
 thread_local int tls_untraced = 0;
 thread_local uint64_t tls_untraced_from = 0;
 
+// > 0 while an ATen op runs with the trace key off and the ops it calls are
+// recorded by name (Note [Inside an ATen op]).
+thread_local int tls_inside_aten = 0;
+
 struct Bookkeeping {
   Bookkeeping() { ++tls_bookkeeping; }
   ~Bookkeeping() { --tls_bookkeeping; }
@@ -94,6 +98,78 @@ bool dispatch_goes_to_python(c10::DispatchKeySet ks) {
   return ks.has(c10::DispatchKey::Python);
 }
 
+bool is_aten_op(const c10::FunctionSchema& schema) {
+  const std::string& name = schema.name();
+  return name.size() > 6 && name.compare(0, 6, "aten::") == 0;
+}
+
+// Note [Inside an ATen op]
+// An ATen op's kernels read what the op was handed and what they make: the
+// ops they call get views of its arguments or tensors made inside it, never
+// a tensor the traced code holds and did not hand the op (no closure, no
+// kernel object: those are a custom op's). Their reads add nothing to the
+// op's own reads, and each costs a boxed call: PyTorch boxes every argument
+// for the fallback and unboxes it again below, which for a forward of many
+// small composite ops (a matmul's expand, reshape and bmm, a chunk's split
+// and slices) was most of what tracing added. Their names still matter: a
+// random draw (a dropout front end draws through the op it calls), a value
+// read on the host (an index by a mask calls nonzero), and the op sequence.
+// A trace with Options::aten_callee_reads false therefore records the ops
+// an ATen op calls by name and depth only. When every trace of the thread
+// takes them so (or not at all), the ATen op runs with the trace key off,
+// and a RecordFunction observer that takes no inputs reports each call's
+// name, so no call below it is boxed for the trace; otherwise the fallback
+// sees them and the trace drops their arguments itself, and the record is
+// the same. An ATen op whose dispatch goes on to Python (a subclass argument,
+// a Python mode) is not such an op: what the subclass's dispatch reads is
+// the point of Note [Inside a subclass's dispatch]. Nor is an op the
+// observer of that note sees. A kernel registered for an ATen op from
+// outside PyTorch (torch.library on an aten:: name) is taken as ATen's.
+// RecordFunction skips a few ops PyTorch marks unobserved (aten::size,
+// aten::_version...); a capture and its retraces take the same path, and
+// so see the same calls.
+std::unique_ptr<at::ObserverContext> name_start(const at::RecordFunction& fn) {
+  if (tls_inside_aten > 0 && tls_bookkeeping == 0 && tls_untraced == 0) {
+    ReadTrace::named_begin(op_name(fn.name(), fn.overload_name()));
+  }
+  return nullptr;
+}
+
+// The conditions name_start tested hold again at its op's end: each is
+// scoped, and ops nest.
+void name_end(const at::RecordFunction& /*fn*/, at::ObserverContext* /*context*/) {
+  if (tls_inside_aten > 0 && tls_bookkeeping == 0 && tls_untraced == 0) ReadTrace::named_end();
+}
+
+// The name observer, installed for the thread while a trace that takes
+// names lives (thread-local: installing it per ATen op cost more than the
+// calls it spares).
+thread_local int name_observer_users = 0;
+thread_local at::CallbackHandle name_observer = 0;
+
+void acquire_name_observer() {
+  if (name_observer_users == 0) {
+    name_observer = at::addThreadLocalCallback(at::RecordFunctionCallback(&name_start, &name_end)
+                                                   .needsInputs(false)
+                                                   .needsOutputs(false)
+                                                   .scopes({at::RecordScope::FUNCTION}));
+  }
+  ++name_observer_users;
+}
+
+void release_name_observer() {
+  if (--name_observer_users == 0) at::removeCallback(name_observer);
+}
+
+// Keeps an ATen op's callees on the name observer while it runs.
+struct InsideAten {
+  InsideAten() { ++tls_inside_aten; }
+  ~InsideAten() { --tls_inside_aten; }
+  InsideAten(const InsideAten&) = delete;
+  InsideAten& operator=(const InsideAten&) = delete;
+  c10::impl::ExcludeDispatchKeyGuard off{kTraceKey};
+};
+
 }  // namespace
 
 void begin_untraced() {
@@ -137,6 +213,10 @@ ReadTrace::ReadTrace(Options options) : options_(options) {
   seen_.reserve(16);
   start_epoch_ = cpu_allocation_epoch().value_or(0);
   owner_ = std::this_thread::get_id();
+  if (options_.nested && !options_.aten_callee_reads) {
+    acquire_name_observer();  // first: nothing else to undo if it throws
+    observes_names_ = true;
+  }
   previous_ = tls_active;
   tls_active = this;
   include_.emplace(kTraceKey);
@@ -162,6 +242,10 @@ void ReadTrace::stop() {
   include_.reset();
   tls_active = previous_;
   active_ = false;
+  if (observes_names_) {
+    observes_names_ = false;
+    release_name_observer();
+  }
 }
 
 // See Note [Inside or before the scope].
@@ -303,14 +387,22 @@ void ReadTrace::add_object(OpCall& call, const c10::IValue& v, int arg,
 // trace without (a retrace) would not: the two op sequences would differ for
 // a layer that changed nothing.
 void ReadTrace::begin_call(const c10::OperatorHandle& op, const c10::FunctionSchema& schema,
-                           c10::ArrayRef<c10::IValue> args, CallInProgress& progress) {
+                           c10::ArrayRef<c10::IValue> args, CallInProgress& progress,
+                           bool aten_op) {
   if (!options_.nested && depth_ > 0) {
     ++depth_;
     return;
   }
   // The fallback always has every argument; an observer may have none (see
   // Note [Inside a subclass's dispatch]): the op is then recorded without reads.
-  const size_t num_args = args.size() >= schema.arguments().size() ? schema.arguments().size() : 0;
+  size_t num_args = args.size() >= schema.arguments().size() ? schema.arguments().size() : 0;
+  if (aten_depth_ >= 0) {
+    num_args = 0;  // Note [Inside an ATen op]: by name only
+    progress.named = true;
+  } else if (aten_op && !options_.aten_callee_reads) {
+    aten_depth_ = depth_;
+    progress.opens_aten = true;
+  }
   const c10::IValue* call_args = args.data() + (args.size() - num_args);
   const size_t position = calls_++;
   progress.first_op = ops_.size();
@@ -388,7 +480,8 @@ bool ReadTrace::reads_pending(const OpCall& call) const {
 void ReadTrace::end_call(const c10::OperatorHandle& op, const c10::FunctionSchema& schema,
                          c10::ArrayRef<c10::IValue> stack, CallInProgress& progress) {
   --depth_;
-  if (!progress.recorded) return;
+  if (progress.opens_aten) aten_depth_ = -1;
+  if (!progress.recorded || progress.named) return;  // a named call's results are not noted
   const size_t num_returns = stack.size() >= schema.returns().size() ? schema.returns().size() : 0;
   c10::SmallVector<const c10::StorageImpl*, 4> returned;
   auto result = [&](const at::Tensor& t) {
@@ -406,6 +499,40 @@ void ReadTrace::end_call(const c10::OperatorHandle& op, const c10::FunctionSchem
     options_.hook->top_level_end(
         *this, op, c10::ArrayRef<c10::IValue>(stack.end() - num_returns, num_returns));
   }
+}
+
+void ReadTrace::abandon_call(const CallInProgress& progress) {
+  --depth_;
+  if (progress.opens_aten) aten_depth_ = -1;
+}
+
+void ReadTrace::named_begin(std::string_view name) {
+  for (ReadTrace* t = tls_active; t != nullptr; t = t->previous_) {
+    if (t->active_) t->begin_named(name);
+  }
+}
+
+void ReadTrace::named_end() {
+  for (ReadTrace* t = tls_active; t != nullptr; t = t->previous_) {
+    if (t->active_) t->end_named();
+  }
+}
+
+void ReadTrace::begin_named(std::string_view name) {
+  if (!options_.nested) {  // only inside an op: depth_ > 0
+    ++depth_;
+    return;
+  }
+  const size_t position = calls_++;
+  CallHook* hook = options_.hook;
+  if (hook == nullptr || !hook->skip_named(position, depth_, name)) {
+    OpCall& call = ops_.emplace_back();
+    call.name = name;
+    call.depth = depth_;
+    ++records_;
+    if (hook != nullptr && !hook->keep(position, call, /*droppable=*/true)) ops_.pop_back();
+  }
+  ++depth_;
 }
 
 c10::SmallVector<ReadTrace*, 4> ReadTrace::active_chain(ReadTrace* innermost) {
@@ -441,6 +568,7 @@ namespace {
 
 std::unique_ptr<at::ObserverContext> observe_op_start(const at::RecordFunction& fn) {
   if (tls_active == nullptr || tls_bookkeeping > 0 || tls_untraced > 0) return nullptr;
+  if (tls_inside_aten > 0) return nullptr;  // the name observer's (Note [Inside an ATen op])
   if (!c10::impl::tls_is_dispatch_key_excluded(kTraceKey)) return nullptr;  // the fallback's
   const std::optional<c10::OperatorName> name = fn.operator_name();
   if (!name) return nullptr;
@@ -490,7 +618,7 @@ std::unique_ptr<ReadTrace::ObservedCall> ReadTrace::observed_begin(
   OwnWork own;
   const c10::FunctionSchema& schema = call->op.schema();
   for (size_t k = 0; k < call->chain.size(); ++k)
-    call->chain[k]->begin_call(call->op, schema, args, call->progress[k]);
+    call->chain[k]->begin_call(call->op, schema, args, call->progress[k], /*aten_op=*/false);
   return call;
 }
 
@@ -512,25 +640,35 @@ C10_ALWAYS_INLINE void ReadTrace::run_around(const c10::OperatorHandle& op, c10:
                                              torch::jit::Stack* stack, ReadTrace* const* traces,
                                              CallInProgress* progress, size_t count) {
   const c10::FunctionSchema& schema = op.schema();
-  bool nested = false;
+  const bool to_python = dispatch_goes_to_python(ks);
+  const bool aten_op = !to_python && is_aten_op(schema);
+  bool read = false;   // some trace records the arguments of the ops this one calls
+  bool named = false;  // some trace records them by name (Note [Inside an ATen op])
   {
     OwnWork own;
     for (size_t k = 0; k < count; ++k) {
-      traces[k]->begin_call(op, schema, *stack, progress[k]);
-      nested = nested || traces[k]->records_nested();
+      traces[k]->begin_call(op, schema, *stack, progress[k], aten_op);
+      if (!traces[k]->callees_unread()) {
+        read = true;
+      } else if (traces[k]->records_nested()) {
+        named = true;
+      }
     }
   }
   try {
-    if (nested) {
+    if (read || (named && !at::isRecordFunctionEnabled())) {
       // See Note [Inside a subclass's dispatch].
-      ObserveInsidePython observe(dispatch_goes_to_python(ks));
+      ObserveInsidePython observe(to_python);
+      op.redispatchBoxed(below_trace_key(ks), stack);
+    } else if (named) {
+      InsideAten inside;
       op.redispatchBoxed(below_trace_key(ks), stack);
     } else {
       c10::impl::ExcludeDispatchKeyGuard off(kTraceKey);
       op.redispatchBoxed(below_trace_key(ks), stack);
     }
   } catch (...) {
-    for (size_t k = 0; k < count; ++k) --traces[k]->depth_;
+    for (size_t k = 0; k < count; ++k) traces[k]->abandon_call(progress[k]);
     throw;
   }
   OwnWork own;

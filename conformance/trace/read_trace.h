@@ -40,7 +40,9 @@
 // fallback for it: another library registering one for the same key fails at load time. The trace
 // redispatches with the key removed, and (by default) leaves it included while the op runs, so ops
 // that an op calls internally (a composite's decomposition, a custom op's
-// implementation) are recorded too, one level deeper.
+// implementation) are recorded too, one level deeper. A trace may take the
+// ops an ATen op calls by name only, which spares each of them a boxed call
+// (Options::aten_callee_reads, Note [Inside an ATen op] in read_trace.cc).
 //
 // Tensor subclasses and kernel objects:
 //  - a tensor that dispatches in Python (a `__torch_dispatch__` wrapper
@@ -126,6 +128,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -154,6 +157,12 @@ class CallHook {
   /// ReadTrace::classify_argument.
   virtual bool skip(ReadTrace& /*trace*/, size_t /*position*/, int /*depth*/,
                     const c10::FunctionSchema& /*schema*/, c10::ArrayRef<c10::IValue> /*args*/) {
+    return false;
+  }
+
+  /// skip() for a nested call the trace knows by name only (Note [Inside an
+  /// ATen op] in read_trace.cc), which it records without reads or objects.
+  virtual bool skip_named(size_t /*position*/, int /*depth*/, std::string_view /*name*/) {
     return false;
   }
 
@@ -206,6 +215,11 @@ class ReadTrace {
     bool nested = true;
     /// The owner's hook around each call (CallHook); must outlive the trace.
     CallHook* hook = nullptr;
+    /// Record the arguments of the ops an ATen op calls. When false, those
+    /// are recorded by name and depth only, without reads, objects or
+    /// results, and are not boxed for the trace (Note [Inside an ATen op] in
+    /// read_trace.cc). Two traces compared call by call take the same value.
+    bool aten_callee_reads = true;
   };
 
   ReadTrace() : ReadTrace(Options{}) {}
@@ -262,11 +276,18 @@ class ReadTrace {
                                                       c10::ArrayRef<c10::IValue> args);
   static void observed_end(ObservedCall& call, c10::ArrayRef<c10::IValue> returns);
 
+  /// A call inside an ATen op, known by its name only, from its start to its
+  /// end (Note [Inside an ATen op] in read_trace.cc); not for users.
+  static void named_begin(std::string_view name);
+  static void named_end();
+
  private:
   struct CallInProgress {
-    bool recorded = false;  // recorded, or skipped by the hook: its results are noted
-    bool hooked = false;    // the hook's top_level_begin ran
-    size_t first_op = 0;    // ops_.size() when the call began
+    bool recorded = false;    // recorded, or skipped by the hook: its results are noted
+    bool hooked = false;      // the hook's top_level_begin ran
+    size_t first_op = 0;      // ops_.size() when the call began
+    bool named = false;       // recorded by name only (inside an ATen op)
+    bool opens_aten = false;  // an ATen op whose callees are recorded by name
   };
   // The traces active on this thread, `innermost` first.
   static c10::SmallVector<ReadTrace*, 4> active_chain(ReadTrace* innermost);
@@ -280,10 +301,20 @@ class ReadTrace {
   // than the schema has); `returns` likewise its results. `schema`:
   // op.schema(). Called with the trace key excluded and the observer told
   // (OwnWork in read_trace.cc), once per trace of the chain.
+  // `aten_op`: the op is an ATen op that does not go on to Python (Note
+  // [Inside an ATen op]).
   void begin_call(const c10::OperatorHandle& op, const c10::FunctionSchema& schema,
-                  c10::ArrayRef<c10::IValue> args, CallInProgress& call);
+                  c10::ArrayRef<c10::IValue> args, CallInProgress& call, bool aten_op);
   void end_call(const c10::OperatorHandle& op, const c10::FunctionSchema& schema,
                 c10::ArrayRef<c10::IValue> returns, CallInProgress& call);
+  // A call that threw: the depth and the ATen op it opened given back.
+  void abandon_call(const CallInProgress& call);
+  // begin_call and end_call for a call known by name only.
+  void begin_named(std::string_view name);
+  void end_named() { --depth_; }
+  // Whether the ops the current call makes are recorded without their
+  // arguments (by name, or not at all), so that they need not be boxed.
+  bool callees_unread() const { return !options_.nested || aten_depth_ >= 0; }
   // Records the call as ops_.back(); on a throw nothing is left recorded.
   void record(const c10::FunctionSchema& schema, const c10::IValue* args, size_t num_args);
   bool records_nested() const { return options_.nested; }
@@ -312,6 +343,11 @@ class ReadTrace {
   Options options_;
   bool active_ = false;
   int depth_ = 0;
+  // The depth of the ATen op whose callees are recorded by name only; -1
+  // outside one (Note [Inside an ATen op]).
+  int aten_depth_ = -1;
+  // This trace installed the thread's name observer (Note [Inside an ATen op]).
+  bool observes_names_ = false;
   std::thread::id owner_;
   ReadTrace* previous_ = nullptr;
   std::optional<c10::impl::IncludeDispatchKeyGuard> include_;

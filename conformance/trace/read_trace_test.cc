@@ -166,6 +166,100 @@ TEST(ReadTrace, SeesCustomOpsAndTheTensorsTheirKernelsHold) {
             (std::set<const void*>{storage_of(x), storage_of(held_scale())}));
 }
 
+// Note [Inside an ATen op]: the same forward (a custom op whose kernel reads
+// a tensor it holds, then a composite ATen op) traced three ways. Each way
+// records the same calls at the same depths; a trace that takes an ATen
+// op's callees by name records them without reads, whether it saw them
+// through the name observer (alone) or through the fallback (under a trace
+// that reads them), and still reads every call outside an ATen op.
+struct CalleeCase {
+  const char* how;
+  bool names;       // the checked trace takes an ATen op's callees by name
+  bool under_full;  // it runs inside a trace that reads them
+};
+
+void PrintTo(const CalleeCase& c, std::ostream* os) {
+  *os << c.how;
+}
+
+class AtenCallees : public ::testing::TestWithParam<CalleeCase> {};
+
+using NamedCalls = std::vector<std::pair<std::string, int>>;
+
+NamedCalls calls_of(const ReadTrace& trace) {
+  NamedCalls out;
+  for (const OpCall& op : trace.ops()) out.emplace_back(std::string(op.name), op.depth);
+  return out;
+}
+
+// Whether ops()[i] was called inside an ATen op: its caller, or a caller
+// further up, is one.
+bool inside_aten_op(const std::vector<OpCall>& ops, size_t i) {
+  int depth = ops[i].depth;
+  for (size_t k = i; k-- > 0 && depth > 0;) {
+    if (ops[k].depth >= depth) continue;
+    if (ops[k].name.substr(0, 6) == "aten::") return true;
+    depth = ops[k].depth;
+  }
+  return false;
+}
+
+TEST_P(AtenCallees, AreRecordedAtTheirDepthsAndByNameWhenAsked) {
+  const CalleeCase& c = GetParam();
+  const at::Tensor x = at::randn({4, 8});
+  const at::Tensor w = at::randn({16, 8});
+  const at::Tensor b = at::randn({16});
+  held_scale();
+  auto custom = c10::Dispatcher::singleton()
+                    .findSchemaOrThrow("reloadsafe_trace_test::scale_by_held", "")
+                    .typed<at::Tensor(const at::Tensor&)>();
+  auto forward = [&] { at::linear(custom.call(x), w, b); };
+  ReadTrace reference;  // every callee read
+  forward();
+  reference.stop();
+
+  ReadTrace::Options options;
+  options.aten_callee_reads = !c.names;
+  std::optional<ReadTrace> outer;
+  if (c.under_full) outer.emplace();
+  ReadTrace trace(options);
+  forward();
+  trace.stop();
+  if (outer) outer->stop();
+
+  EXPECT_EQ(calls_of(trace), calls_of(reference)) << c.how;
+  const std::vector<OpCall>& ops = trace.ops();
+  bool held_read = false;
+  bool aten_callees = false;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (!inside_aten_op(ops, i)) {
+      EXPECT_EQ(ops[i].reads.size(), reference.ops()[i].reads.size())
+          << c.how << ": " << ops[i].name;
+    } else {
+      aten_callees = true;
+      if (c.names) {
+        EXPECT_TRUE(ops[i].reads.empty()) << c.how << ": " << ops[i].name;
+      }
+    }
+    for (const TensorRead& r : ops[i].reads) {
+      held_read |= r.external && r.storage == storage_of(held_scale());
+    }
+  }
+  EXPECT_TRUE(aten_callees) << c.how << ": linear's decomposition is recorded";
+  EXPECT_TRUE(held_read) << c.how << ": the custom op's callee reads the tensor its kernel holds";
+  EXPECT_EQ(external_storages(trace), external_storages(reference)) << c.how;
+}
+
+INSTANTIATE_TEST_SUITE_P(ReadTrace, AtenCallees,
+                         ::testing::Values(CalleeCase{"every callee read", false, false},
+                                           CalleeCase{"by name, alone", true, false},
+                                           CalleeCase{"by name, under a trace that reads them",
+                                                      true, true}),
+                         [](const auto& info) {
+                           return std::string(info.param.names ? "ByName" : "Read") +
+                                  (info.param.under_full ? "UnderAFullTrace" : "");
+                         });
+
 // A packed kernel object as TorchBind sees one (fbgemm's packed weights are
 // such objects): it holds a weight, reports it through unpack(), and an op
 // takes the object as an argument.

@@ -166,9 +166,10 @@ bool same_call(const OpCall& a, const OpCall& b) {
 // would give.
 bool is_expected_call(const OpCall& expected, int depth, const c10::FunctionSchema& schema,
                       const c10::IValue* args, size_t num_args, ClassifyArgument classify) {
-  if (expected.depth != depth || !expected.objects.empty() ||
-      (num_args == 0 && !schema.arguments().empty())) {
-    return false;
+  if (expected.depth != depth || !expected.objects.empty()) return false;
+  if (num_args == 0 && !schema.arguments().empty()) {
+    // Arguments unknown: a nested call is recorded without reads.
+    return depth > 0 && expected.reads.empty() && is_name_of(expected.name, schema);
   }
   if (!is_name_of(expected.name, schema)) return false;
   bool same = true;
@@ -185,6 +186,11 @@ bool is_expected_call(const OpCall& expected, int depth, const c10::FunctionSche
   if (depth > 0) return true;
   const std::optional<uint64_t> constants = fingerprint_of(args, num_args);
   return constants && expected.constants_known && *constants == expected.constants;
+}
+
+bool is_expected_named_call(const OpCall& expected, int depth, std::string_view name) {
+  return depth > 0 && expected.depth == depth && expected.reads.empty() &&
+         expected.objects.empty() && expected.name == name;
 }
 
 }  // namespace reloadsafe::trace

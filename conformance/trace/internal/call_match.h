@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string_view>
 
 namespace reloadsafe::trace {
 
@@ -64,9 +65,17 @@ using ClassifyArgument = c10::function_ref<std::optional<bool>(const at::Tensor&
 /// recorded as a call same_call() to `expected`, told from the arguments
 /// without a record. False also where that cannot be told cheaply: an opaque
 /// object, a tensor without a plain storage, a provisional classification,
-/// a call whose arguments are unknown (`num_args` 0 for a schema with
-/// arguments). `classify` may classify a storage seen for the first time.
+/// a top-level call whose arguments are unknown. A nested call whose
+/// arguments are unknown (`num_args` 0 for a schema with arguments) is
+/// recorded without reads, and is the expected call where that one has
+/// none either (is_expected_named_call). `classify` may classify a storage
+/// seen for the first time.
 bool is_expected_call(const OpCall& expected, int depth, const c10::FunctionSchema& schema,
                       const c10::IValue* args, size_t num_args, ClassifyArgument classify);
+
+/// Whether a nested call (`depth` > 0) known by its name only (Note [Inside
+/// an ATen op] in read_trace.cc), which is recorded without reads or
+/// objects, would be recorded as a call same_call() to `expected`.
+bool is_expected_named_call(const OpCall& expected, int depth, std::string_view name);
 
 }  // namespace reloadsafe::trace

@@ -20,13 +20,15 @@ std::string_view interned(std::string name) {
 
 }  // namespace
 
-bool is_name_of(std::string_view full, const c10::FunctionSchema& schema) {
-  const std::string& name = schema.name();
-  const std::string& overload = schema.overload_name();
+bool is_name_of(std::string_view full, std::string_view name, std::string_view overload) {
   if (overload.empty()) return full == name;
   return full.size() == name.size() + 1 + overload.size() &&
          full.compare(0, name.size(), name) == 0 && full[name.size()] == '.' &&
          full.compare(name.size() + 1, overload.size(), overload) == 0;
+}
+
+bool is_name_of(std::string_view full, const c10::FunctionSchema& schema) {
+  return is_name_of(full, schema.name(), schema.overload_name());
 }
 
 // Note [Op names]
@@ -47,6 +49,26 @@ std::string_view op_name(const c10::FunctionSchema& schema) {
     slot.name = interned(overload.empty() ? schema.name() : schema.name() + "." + overload);
   }
   return slot.name;
+}
+
+// As above, keyed by the address of the schema's name string (the name and
+// overload a RecordFunction hands out are views of its schema's strings).
+std::string_view op_name(const char* name, const char* overload) {
+  struct Slot {
+    const char* name = nullptr;
+    const char* overload = nullptr;
+    std::string_view full;
+  };
+  thread_local std::array<Slot, 64> slots;
+  Slot& slot = slots[(reinterpret_cast<uintptr_t>(name) >> 4) % slots.size()];
+  if (slot.name != name || slot.overload != overload || !is_name_of(slot.full, name, overload)) {
+    slot.name = name;
+    slot.overload = overload;
+    std::string full(name);
+    if (*overload != '\0') (full += '.') += overload;
+    slot.full = interned(std::move(full));
+  }
+  return slot.full;
 }
 
 }  // namespace reloadsafe::trace

@@ -20,8 +20,16 @@ namespace reloadsafe::trace {
 /// view of a string that lives as long as the process. Thread-safe.
 std::string_view op_name(const c10::FunctionSchema& schema);
 
+/// The same name for an op known by its schema's name and overload name
+/// ("aten::add", "Tensor"), as a RecordFunction reports them: views of
+/// strings its schema owns, which the slot lookup keys on. Thread-safe.
+std::string_view op_name(const char* name, const char* overload);
+
 /// Whether `full` is the name op_name() gives `schema`, told without making
 /// a string.
 bool is_name_of(std::string_view full, const c10::FunctionSchema& schema);
+
+/// Whether `full` is "`name`.`overload`" ("`name`" where `overload` is empty).
+bool is_name_of(std::string_view full, std::string_view name, std::string_view overload);
 
 }  // namespace reloadsafe::trace
