@@ -567,7 +567,7 @@ def test_the_garbage_collector_is_left_as_it_was():
     assert gc.get_freeze_count() == 0
     assert _check(sl.Transposed).ok
     assert gc.get_freeze_count() == 0  # what the check froze is unfrozen
-    keep = [[] for _ in range(10)]  # containers the collector tracks
+    keep: list[list[int]] = [[] for _ in range(10)]  # containers the collector tracks
     gc.freeze()  # a caller's own frozen objects
     try:
         frozen = gc.get_freeze_count()
