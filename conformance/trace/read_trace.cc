@@ -128,22 +128,27 @@ bool is_aten_op(const c10::FunctionSchema& schema) {
 // RecordFunction skips a few ops PyTorch marks unobserved (aten::size,
 // aten::_version...); a capture and its retraces take the same path, and
 // so see the same calls.
+//
+// Whether an op the name observer hears is a call inside such an ATen op,
+// made by the traced code. The answer at an op's end is the one given at
+// its start: each condition is scoped, and ops nest.
+bool names_inside_aten() {
+  return tls_inside_aten > 0 && tls_bookkeeping == 0 && tls_untraced == 0;
+}
+
 std::unique_ptr<at::ObserverContext> name_start(const at::RecordFunction& fn) {
-  if (tls_inside_aten > 0 && tls_bookkeeping == 0 && tls_untraced == 0) {
-    ReadTrace::named_begin(op_name(fn.name(), fn.overload_name()));
-  }
+  if (names_inside_aten()) ReadTrace::named_begin(op_name(fn.name(), fn.overload_name()));
   return nullptr;
 }
 
-// The conditions name_start tested hold again at its op's end: each is
-// scoped, and ops nest.
 void name_end(const at::RecordFunction& /*fn*/, at::ObserverContext* /*context*/) {
-  if (tls_inside_aten > 0 && tls_bookkeeping == 0 && tls_untraced == 0) ReadTrace::named_end();
+  if (names_inside_aten()) ReadTrace::named_end();
 }
 
 // The name observer, installed for the thread while a trace that takes
-// names lives (thread-local: installing it per ATen op cost more than the
-// calls it spares).
+// names lives. Installed around each ATen op instead, it would make PyTorch
+// rebuild its callback lists twice per op; installed for the trace, every op
+// of the traced code pays one RecordFunction that returns at once.
 thread_local int name_observer_users = 0;
 thread_local at::CallbackHandle name_observer = 0;
 
