@@ -124,6 +124,89 @@ def test_the_extension_compiles_what_the_lists_name(setup_py):
     assert str(REPO) in ext.include_dirs
 
 
+def _write_sources(root, names, text="// a source\n"):
+    for name in names:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+def _unit_sources(unit):
+    # The sources a unit compiles: itself, or what a batch file includes.
+    path = pathlib.Path(unit)
+    if path.name.startswith("unity_"):
+        return [line.split('"')[1] for line in path.read_text().splitlines() if line.startswith("#include")]
+    return [path.name]
+
+
+@pytest.mark.parametrize("count, batch, expected", [
+    (5, 2, [["s0.cc", "s1.cc"], ["s2.cc", "s3.cc"], ["s4.cc"]]),
+    (4, 8, [["s0.cc", "s1.cc", "s2.cc", "s3.cc"]]),
+    (3, 1, [["s0.cc"], ["s1.cc"], ["s2.cc"]]),
+    (3, 3, [["s0.cc", "s1.cc", "s2.cc"]]),
+])
+def test_sources_are_compiled_in_consecutive_batches(setup_py, tmp_path, count, batch, expected):
+    names = [f"s{i}.cc" for i in range(count)]
+    _write_sources(tmp_path, names)
+    units = setup_py.unity_batches(names, tmp_path, tmp_path / "unity", batch)
+    assert [_unit_sources(u) for u in units] == expected
+    # A batch of one is the source itself, not a file that includes it.
+    assert all(pathlib.Path(u).parent == tmp_path for u, e in zip(units, expected) if len(e) == 1)
+
+
+def test_a_batch_undefines_the_header_macros_after_each_source(setup_py, tmp_path):
+    _write_sources(tmp_path, ["a.cc", "b.cc"])
+    (unit,) = setup_py.unity_batches(["a.cc", "b.cc"], tmp_path, tmp_path / "unity", 8)
+    lines = pathlib.Path(unit).read_text().splitlines()
+    after_a = lines[lines.index('#include "a.cc"') + 1:lines.index('#include "b.cc"')]
+    assert after_a == [f"#undef {m}" for m in setup_py.UNITY_SCOPED_MACROS]
+    assert "TORCH_ASSERT_ONLY_METHOD_OPERATORS" in setup_py.UNITY_SCOPED_MACROS
+
+
+def test_a_source_that_defines_ndebug_is_its_own_unit(setup_py, tmp_path):
+    names = ["a.cc", "b.cc", "alone.cc", "c.cc"]
+    _write_sources(tmp_path, names)
+    (tmp_path / "alone.cc").write_text("#ifndef NDEBUG\n#define NDEBUG\n#endif\n#include <vector>\n")
+    units = setup_py.unity_batches(names, tmp_path, tmp_path / "unity", 8)
+    assert sorted(_unit_sources(u) for u in units) == [["a.cc", "b.cc", "c.cc"], ["alone.cc"]]
+    # The repository's read trace is such a source (its note says why).
+    assert setup_py.compiles_alone((REPO / "conformance/trace/read_trace.cc").read_text())
+
+
+def test_every_listed_source_is_compiled_once(setup_py, tmp_path):
+    sources = setup_py.extension_lists()["EXTENSION_SOURCES"]
+    units = setup_py.unity_batches(sources, REPO, tmp_path, setup_py.UNITY_BATCH)
+    compiled = []
+    for unit in units:
+        path = pathlib.Path(unit)
+        compiled += _unit_sources(unit) if path.parent == tmp_path else [str(path.relative_to(REPO))]
+    assert sorted(compiled) == sorted(sources)
+    assert len(units) < len(sources) / 4
+
+
+def test_a_batch_file_is_rewritten_only_when_its_sources_change(setup_py, tmp_path):
+    _write_sources(tmp_path, ["a.cc", "b.cc", "c.cc"])
+    (unit,) = setup_py.unity_batches(["a.cc", "b.cc"], tmp_path, tmp_path / "unity", 8)
+    os.utime(unit, ns=(1, 1))
+    setup_py.unity_batches(["a.cc", "b.cc"], tmp_path, tmp_path / "unity", 8)
+    assert os.stat(unit).st_mtime_ns == 1  # ninja sees nothing new
+    setup_py.unity_batches(["a.cc", "c.cc"], tmp_path, tmp_path / "unity", 8)
+    assert os.stat(unit).st_mtime_ns != 1
+    assert '#include "c.cc"' in pathlib.Path(unit).read_text()
+
+
+@pytest.mark.parametrize("value, expected", [(None, 8), ("", 8), ("1", 1), ("12", 12)])
+def test_the_batch_size_comes_from_the_environment(setup_py, value, expected):
+    env = {} if value is None else {"RELOADSAFE_UNITY_BATCH": value}
+    assert setup_py.unity_batch_size(env) == expected
+    assert setup_py.UNITY_BATCH == 8
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "eight", "2.5"])
+def test_a_batch_size_that_is_not_a_positive_number_is_refused(setup_py, value):
+    with pytest.raises(setup_py.BuildError, match="RELOADSAFE_UNITY_BATCH=.*positive number"):
+        setup_py.unity_batch_size({"RELOADSAFE_UNITY_BATCH": value})
+
+
 def test_the_backend_finds_the_environments_torch_outside_the_isolation(backend, monkeypatch):
     import torch
 
