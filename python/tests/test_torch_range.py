@@ -150,7 +150,7 @@ def test_sources_are_compiled_in_consecutive_batches(setup_py, tmp_path, count, 
     units = setup_py.unity_batches(names, tmp_path, tmp_path / "unity", batch)
     assert [_unit_sources(u) for u in units] == expected
     # A batch of one is the source itself, not a file that includes it.
-    assert all(pathlib.Path(u).parent == tmp_path for u, e in zip(units, expected) if len(e) == 1)
+    assert all(pathlib.Path(u).parent == tmp_path for u, e in zip(units, expected, strict=True) if len(e) == 1)
 
 
 def test_a_batch_undefines_the_header_macros_after_each_source(setup_py, tmp_path):
