@@ -175,7 +175,7 @@ def test_a_source_that_defines_ndebug_is_its_own_unit(setup_py, tmp_path):
 def test_every_listed_source_is_compiled_once(setup_py, tmp_path):
     sources = setup_py.extension_lists()["EXTENSION_SOURCES"]
     units = setup_py.unity_batches(sources, REPO, tmp_path, setup_py.UNITY_BATCH)
-    compiled = []
+    compiled: list[str] = []
     for unit in units:
         path = pathlib.Path(unit)
         compiled += _unit_sources(unit) if path.parent == tmp_path else [str(path.relative_to(REPO))]
