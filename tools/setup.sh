@@ -295,16 +295,22 @@ sandbox_base() {
   return 0
 }
 
+# Adds what is missing to user.bazelrc; lines of the user's own stay (a
+# sandbox folder set-up would not choose now is replaced).
 write_user_bazelrc() {
   local rc="$TOP/user.bazelrc"
-  local want base
-  want="$(printf '# Written by tools/setup.sh: machine-local settings.\nbuild --disk_cache=%s\n' "$CACHE/bazel-disk-cache")"
+  local base line
+  local lines=("build --disk_cache=$CACHE/bazel-disk-cache")
   base="$(sandbox_base)"
-  [ -z "$base" ] || want="$want"$'\n'"build --sandbox_base=$base"
-  if [ ! -f "$rc" ] || [ "$(cat "$rc")" != "$want" ]; then
-    printf '%s\n' "$want" > "$rc"
-    say "user.bazelrc: disk cache in $CACHE/bazel-disk-cache${base:+, sandboxes in $base}"
+  [ -z "$base" ] || lines+=("build --sandbox_base=$base")
+  [ -f "$rc" ] || printf '# Written by tools/setup.sh: machine-local settings (lines you add are kept).\n' > "$rc"
+  if grep -q '^build --sandbox_base=' "$rc" && ! { [ -n "$base" ] && grep -qxF "build --sandbox_base=$base" "$rc"; }; then
+    sed -i '/^build --sandbox_base=/d' "$rc"
+    say "user.bazelrc: the earlier build --sandbox_base line removed"
   fi
+  for line in "${lines[@]}"; do
+    grep -qxF "$line" "$rc" || { printf '%s\n' "$line" >> "$rc"; say "user.bazelrc: $line"; }
+  done
 }
 
 mkdir -p "$CACHE"
