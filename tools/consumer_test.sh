@@ -13,7 +13,7 @@
 #                           rebuilds its fused weight) fails; its test.xml has
 #                           a failure naming the tensor `qkv`.
 # Exit status 1 if a check failed. Used by tools/test.sh; run tools/setup.sh
-# first. The machine's user.bazelrc (disk cache) is copied into the consumer.
+# first. The machine's user.bazelrc (disk cache, sandbox folder) is copied into the consumer.
 set -uo pipefail
 top="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 [ $# -ge 1 ] || { echo "usage: tools/consumer_test.sh JUNIT_XML [bazel flags]" >&2; exit 2; }

@@ -274,11 +274,10 @@ install_lint_venv() {
 # Where Bazel makes its sandboxes, or nothing for its default (inside the
 # output base). A sandboxed action gets a fresh folder with a link to each of
 # its declared inputs, and a compile's inputs are LibTorch's ~9400 headers:
-# on this project's two-core machines, making those links on the disk that
-# holds the output base cost a quarter to a third of a build (four targets of
-# //utils from nothing: 50-53 s there, 38 s with the sandboxes on /dev/shm,
-# 36-38 s unsandboxed). The sandbox still holds each action
-# to its declared inputs. Only a tmpfs with at least 8 GiB free qualifies (a
+# on the disk that holds the output base, making those links costs a quarter
+# to a third of a build, on tmpfs next to nothing (docs/development.md has the
+# measurement). The sandbox still holds each action to its declared inputs.
+# Only a tmpfs with at least 8 GiB free qualifies (a
 # container's 64 MiB /dev/shm would fill up with a linked test);
 # RELOADSAFE_SANDBOX_BASE=<dir> chooses, and an empty value keeps Bazel's.
 sandbox_base() {

@@ -1,6 +1,7 @@
 """The supported torch range and the setuptools build: what setup.py reads
 from the Bazel build's files (the range and the C++ standard per torch series
-from the LibTorch rule, the sources from extension_sources.bzl), what it tells
+from the LibTorch rule, the sources from extension_sources.bzl), how it
+batches the sources into translation units, what it tells
 a user whose torch is out of range, how the in-tree backend finds the
 environment's torch, the import's refusal of a torch other than the one the
 extension was built against, and deprecations from our own code failing the
