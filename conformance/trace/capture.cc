@@ -257,11 +257,26 @@ CapturedForward::CapturedForward(const std::function<at::Tensor()>& forward)
     throw;
   }
   trace_->stop();
-  for (const OpCall& op : trace_->ops()) {
-    if (is_random(op.name)) {
-      random_op_ = op.name;
-      break;
+  const std::vector<OpCall>& ops = trace_->ops();
+  // Each op's name is matched once: the lists are a few hundred
+  // instructions a name.
+  std::vector<bool> random(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    random[i] = is_random(ops[i].name);
+    if (random[i] && random_op_.empty()) random_op_ = ops[i].name;
+  }
+  // See Note [A retrace that knows an ATen op's callees].
+  known_callees_.assign(ops.size(), -1);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (!ops[i].callees_named) continue;
+    size_t end = i + 1;
+    bool plain = true;
+    for (; end < ops.size() && ops[end].depth > ops[i].depth; ++end) {
+      const OpCall& callee = ops[end];
+      plain = plain && !random[end] && callee.reads.empty() && callee.objects.empty() &&
+              !reads_values_on_the_host(callee.name);
     }
+    if (plain) known_callees_[i] = static_cast<int32_t>(end - i - 1);
   }
 }
 
@@ -375,8 +390,35 @@ std::vector<CapturedRead> CapturedForward::reads(const TensorNames& names, bool 
 // then costs a retrace no record for most calls, and nothing to walk or free
 // afterwards.
 
+// Note [A retrace that knows an ATen op's callees]
+// A capture names the ops an ATen op calls through a RecordFunction
+// observer (Note [Inside an ATen op] in read_trace.cc), and while that
+// observer is installed every op of the thread pays for a RecordFunction:
+// about a third of what tracing added to a harness run, in process time
+// (harness_bench, 2026-12-06). A retrace need not name them where it knows
+// them: an ATen op's callees are chosen by its arguments (their layouts, the
+// numbers and flags it was handed) and by the values it reads on the host;
+// its kernels hold no state of the traced code (no closure, no kernel
+// object). So when a retraced ATen op is the captured call
+// (is_expected_call), every tensor argument has the captured layout and its
+// other arguments the captured fingerprint (chooses_the_captured_callees),
+// and none of its captured callees reads a value on the host or draws
+// random numbers, its callees are the captured ones: the retrace counts them
+// and does not see them, and runs the op with no observer. The observer is
+// installed at the first ATen op whose callees it cannot know (a changed
+// layout, a value read, another trace active on the thread) and names the
+// rest as a capture does. A forward that stayed put is then retraced
+// without a RecordFunction. What a known callee could hide is a change of
+// the callees that nothing above decides (a global flag an ATen kernel
+// branches on, changed between capture and retrace); the retrace then takes
+// the captured callees for the ones made, as a graph replays them.
+
 CheckingRetrace::CheckingRetrace(const CapturedForward& capture)
-    : expected_(capture.trace().ops()), trace_(capture_trace_options(this)) {}
+    : expected_(capture.trace().ops()), expected_callees_(capture.known_callees_), trace_([this] {
+        ReadTrace::Options options = capture_trace_options(this);
+        options.names_on_demand = true;
+        return options;
+      }()) {}
 
 bool CheckingRetrace::skip(ReadTrace& trace, size_t position, int depth,
                            const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
@@ -387,6 +429,15 @@ bool CheckingRetrace::skip(ReadTrace& trace, size_t position, int depth,
 
 bool CheckingRetrace::skip_named(size_t position, int depth, std::string_view name) {
   return position < expected_.size() && is_expected_named_call(expected_[position], depth, name);
+}
+
+std::optional<size_t> CheckingRetrace::known_callees(size_t position, int depth,
+                                                     c10::ArrayRef<c10::IValue> args) {
+  if (position >= expected_callees_.size() || expected_callees_[position] < 0) return std::nullopt;
+  if (!chooses_the_captured_callees(expected_[position], depth, args.data(), args.size())) {
+    return std::nullopt;
+  }
+  return static_cast<size_t>(expected_callees_[position]);
 }
 
 bool CheckingRetrace::keep(size_t position, const OpCall& call, bool droppable) {

@@ -46,6 +46,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -212,6 +213,7 @@ class CapturedForward {
   bool replays_as(const CheckingRetrace& retrace) const;
 
  private:
+  friend class CheckingRetrace;  // reads known_callees_
   class Holder;
   // A retrace as compare() and replays_as() walk it: the calls it kept, the
   // position of each among all `calls` calls (null: kept[k] is call k).
@@ -232,6 +234,12 @@ class CapturedForward {
   /// The first captured op that draws random numbers (empty if none): found
   /// once at capture, since it rules out every replay.
   std::string_view random_op_;
+  /// For each captured call, how many calls by name it made (an ATen op
+  /// whose callees are named), or -1 where a retrace must see them: any
+  /// other call, or callees that read values on the host or draw random
+  /// numbers (Note [A retrace that knows an ATen op's callees] in
+  /// capture.cc). Found once at capture.
+  std::vector<int32_t> known_callees_;
   /// Why a replay cannot rebuild some call's arguments (empty if it can):
   /// found once, by the first replay, from the capture alone (Note [A
   /// replay gives up before it runs an op]); a capture never replayed pays
@@ -272,9 +280,12 @@ class CheckingRetrace final : private CallHook {
   bool skip(ReadTrace& trace, size_t position, int depth, const c10::FunctionSchema& schema,
             c10::ArrayRef<c10::IValue> args) override;
   bool skip_named(size_t position, int depth, std::string_view name) override;
+  std::optional<size_t> known_callees(size_t position, int depth,
+                                      c10::ArrayRef<c10::IValue> args) override;
   bool keep(size_t position, const OpCall& call, bool droppable) override;
 
   const std::vector<OpCall>& expected_;
+  const std::vector<int32_t>& expected_callees_;  // CapturedForward::known_callees_
   std::vector<size_t> positions_;
   ReadTrace trace_;  // last: it starts tracing, with this hook
 };

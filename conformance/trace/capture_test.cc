@@ -14,6 +14,9 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/feature_dropout.h>
+#include <ATen/ops/flatten.h>
+#include <ATen/ops/index.h>
+#include <ATen/ops/matmul.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/neg.h>
@@ -25,6 +28,7 @@
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
@@ -53,6 +57,12 @@ struct Weights {
   at::Tensor forward(const at::Tensor& x) const { return at::mm(x, w.t()) * scale; }
   std::vector<NamedTensor> named() const { return {{"w", w, true}, {"scale", scale, false}}; }
 };
+
+// The first dimension flatten_from flattens.
+int64_t& flatten_start() {
+  static int64_t start = 0;
+  return start;
+}
 
 // Where stash_ones leaves what it makes.
 at::Tensor& stashed() {
@@ -89,6 +99,19 @@ TORCH_LIBRARY(reloadsafe_capture_test, m) {
     stashed() = at::ones_like(x);
     return x.clone();
   });
+  // Flattens from a dimension the kernel keeps (flatten_start()), as a kernel
+  // that holds its own settings does: the ATen op it calls is handed a
+  // number its caller never saw.
+  m.def("flatten_from(Tensor x) -> Tensor",
+        [](const at::Tensor& x) { return at::flatten(x, flatten_start(), -1); });
+}
+
+at::Tensor flatten_from(const at::Tensor& x) {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("reloadsafe_capture_test::flatten_from", "");
+  torch::jit::Stack stack{x};
+  op.callBoxed(stack);
+  return stack.back().toTensor();
 }
 
 at::Tensor stash_ones(const at::Tensor& x) {
@@ -115,38 +138,27 @@ at::Tensor packed_mm(const at::Tensor& x, const c10::IValue& object) {
   return stack.back().toTensor();
 }
 
-// The forward traced again after a change, both ways at once: in full, and
-// checking each call against the capture (CheckingRetrace, Note [A
-// checking retrace] in capture.cc). Both must give the same
-// answers; the full retrace's are returned.
-struct Retraced {
-  std::vector<ReadChange> changes;
-  bool replays_as = false;
-  at::Tensor out;
-};
-
-Retraced retrace(const CapturedForward& capture, const TensorNames& names,
-                 const std::function<at::Tensor()>& forward) {
-  ReadTrace full(capture_trace_options());  // recorded as the capture is
-  CheckingRetrace checking(capture);
-  Retraced r;
-  r.out = forward();
-  checking.stop();
-  full.stop();
+// Expects of a checking retrace the answers of a full retrace of the same
+// forward: the same changes and replays_as(), every call counted, and
+// exactly the calls that are not the captured ones kept, at their positions.
+// `same_run`: both traced one run of the forward; else two runs, where a
+// storage or object the forward makes anew has another address in each, so
+// a change's before and after are not compared.
+void expect_answers_of_full(const CapturedForward& capture, const TensorNames& names,
+                            const ReadTrace& full, const CheckingRetrace& checking, bool same_run) {
   for (bool details : {true, false}) {
     const std::vector<ReadChange> a = capture.compare(full, names, details);
     const std::vector<ReadChange> b = capture.compare(checking, names, details);
     EXPECT_EQ(a.size(), b.size());
     for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-      EXPECT_EQ(std::tie(a[i].tensor, a[i].what, a[i].before, a[i].after, a[i].read),
-                std::tie(b[i].tensor, b[i].what, b[i].before, b[i].after, b[i].read));
+      EXPECT_EQ(std::tie(a[i].tensor, a[i].what, a[i].read),
+                std::tie(b[i].tensor, b[i].what, b[i].read));
+      if (same_run) {
+        EXPECT_EQ(std::tie(a[i].before, a[i].after), std::tie(b[i].before, b[i].after));
+      }
     }
-    if (details) r.changes = a;
   }
-  r.replays_as = capture.replays_as(full);
-  EXPECT_EQ(capture.replays_as(checking), r.replays_as);
-  // The checking retrace counts every call and keeps exactly the calls that
-  // are not the captured ones, at their positions.
+  EXPECT_EQ(capture.replays_as(checking), capture.replays_as(full));
   EXPECT_EQ(checking.calls(), full.ops().size());
   size_t k = 0;
   for (size_t i = 0; i < full.ops().size(); ++i) {
@@ -160,6 +172,50 @@ Retraced retrace(const CapturedForward& capture, const TensorNames& names,
     ++k;
   }
   EXPECT_EQ(k, checking.kept().size()) << "a call the same as the captured one was kept";
+}
+
+// The forward traced again after a change, both ways: in full, and checking
+// each call against the capture (CheckingRetrace, Note [A checking retrace]
+// in capture.cc), once at the same time (the checking retrace then sees
+// every call) and once each alone (the checking retrace then counts the
+// callees it knows without seeing them, Note [A retrace that knows an ATen
+// op's callees]). Every checking retrace must give the answers of the full
+// one; the full retrace's are returned. `forward` runs three times, each
+// time as it would after the change.
+struct Retraced {
+  std::vector<ReadChange> changes;
+  bool replays_as = false;
+  at::Tensor out;
+  /// Whether a RecordFunction observer was installed at the end of the
+  /// checking retrace that ran alone (the name observer, where it had to
+  /// name some callees).
+  bool alone_observed = false;
+};
+
+Retraced retrace(const CapturedForward& capture, const TensorNames& names,
+                 const std::function<at::Tensor()>& forward) {
+  Retraced r;
+  {
+    ReadTrace full(capture_trace_options());  // recorded as the capture is
+    CheckingRetrace checking(capture);
+    r.out = forward();
+    checking.stop();
+    full.stop();
+    SCOPED_TRACE("at the same time");
+    expect_answers_of_full(capture, names, full, checking, /*same_run=*/true);
+    r.changes = capture.compare(full, names);
+    r.replays_as = capture.replays_as(full);
+  }
+  ReadTrace full(capture_trace_options());
+  forward();
+  full.stop();
+  CheckingRetrace checking(capture);
+  forward();
+  r.alone_observed = at::hasThreadLocalCallbacks();
+  checking.stop();
+  SCOPED_TRACE("each alone");
+  expect_answers_of_full(capture, names, full, checking, /*same_run=*/false);
+  EXPECT_EQ(capture.compare(full, names).size(), r.changes.size());
   return r;
 }
 
@@ -657,6 +713,70 @@ TEST(CapturedForward, AnOpSequenceFollowsValuesOnlyAfterAValueReadOnTheHost) {
   lazy();
   lazy_cold.stop();
   EXPECT_FALSE(lazy_capture.follows_values(lazy_retrace, lazy_cold.ops()));
+}
+
+// What a retrace alone may take from the capture (Note [A retrace that knows
+// an ATen op's callees] in capture.cc): the callees of an ATen op that is
+// the captured call and chooses its callees as it did. Each row changes
+// one thing that chooses them; the retrace must then name them as the
+// capture did (the retrace helper requires the answers of a full retrace:
+// the same calls, the same changes) and installs the observer to do it.
+TEST(CapturedForward, ARetraceAloneKnowsAnAtenOpsCalleesOnlyWhereTheyAreChosenAsAtCapture) {
+  struct Layer {
+    at::Tensor w = at::randn({4, 8});
+    at::Tensor mask = at::rand({3}) > 0.5;
+    std::vector<int64_t> shape = {2, 3, 4};
+  };
+  struct Row {
+    const char* change;
+    std::function<at::Tensor(const Layer&, const at::Tensor&)> forward;
+    std::function<void(Layer&)> apply;
+    bool clean;     // the retrace has nothing to report
+    bool observed;  // it had to name some callees
+  };
+  const auto matmul = [](const Layer& m, const at::Tensor& x) {
+    return at::matmul(x.view(m.shape), m.w);
+  };
+  const auto by_mask = [](const Layer& m, const at::Tensor& x) {
+    return x.view({3, 8}).index({m.mask});
+  };
+  const auto flattened = [](const Layer& m, const at::Tensor& x) {
+    return at::mm(flatten_from(x.view({2, 3, 4})).view({-1, 4}), m.w);
+  };
+  const std::vector<Row> rows = {
+      {"nothing: a matmul's callees are the captured ones", matmul, [](Layer&) {}, true, false},
+      {"the weight refilled in place", matmul,
+       [](Layer& m) {
+         m.w.copy_(at::randn({4, 8}));
+       },
+       true, false},
+      {"a made argument in another layout (the matmul is the captured call)", matmul,
+       [](Layer& m) {
+         m.shape = {6, 4};
+       },
+       false, true},
+      {"nothing, where the callees read a value on the host (an index by a mask)", by_mask,
+       [](Layer&) {}, true, true},
+      {"the mask's values (the same calls, on more rows)", by_mask,
+       [](Layer& m) { m.mask.fill_(true); }, true, true},
+      {"nothing: an ATen op inside a custom op", flattened, [](Layer&) {}, true, false},
+      {"another number handed to an ATen op inside a custom op", flattened,
+       [](Layer&) { flatten_start() = 2; }, false, true},
+  };
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.change);
+    flatten_start() = 0;
+    Layer m;
+    m.mask[0] = false;
+    const at::Tensor x = at::randn({24});
+    CapturedForward capture([&] { return row.forward(m, x); });
+    const TensorNames names({{"w", m.w, true}, {"mask", m.mask, true}});
+    row.apply(m);
+    const Retraced r = retrace(capture, names, [&] { return row.forward(m, x); });
+    EXPECT_EQ(r.changes.empty(), row.clean) << (r.changes.empty() ? "" : r.changes[0].what);
+    EXPECT_EQ(r.alone_observed, row.observed);
+  }
+  flatten_start() = 0;
 }
 
 // A TorchBind object handed to its op from C++, as a backend holding a

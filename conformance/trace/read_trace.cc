@@ -51,6 +51,11 @@ thread_local uint64_t tls_untraced_from = 0;
 // recorded by name (Note [Inside an ATen op]).
 thread_local int tls_inside_aten = 0;
 
+// > 0 while an ATen op runs whose callees the trace counts without seeing
+// them (Note [A retrace that knows an ATen op's callees] in capture.cc): no
+// observer records them.
+thread_local int tls_callees_known = 0;
+
 struct Bookkeeping {
   Bookkeeping() { ++tls_bookkeeping; }
   ~Bookkeeping() { --tls_bookkeeping; }
@@ -127,13 +132,15 @@ bool is_aten_op(const c10::FunctionSchema& schema) {
 // outside PyTorch (torch.library on an aten:: name) is taken as ATen's.
 // RecordFunction skips a few ops PyTorch marks unobserved (aten::size,
 // aten::_version...); a capture and its retraces take the same path, and
-// so see the same calls.
+// so see the same calls. A checking retrace knows most callees from its
+// capture and installs the observer only for one it does not (Note [A
+// retrace that knows an ATen op's callees] in capture.cc).
 //
 // Whether an op the name observer hears is a call inside such an ATen op,
 // made by the traced code. The answer at an op's end is the one given at
 // its start: each condition is scoped, and ops nest.
 bool names_inside_aten() {
-  return tls_inside_aten > 0 && tls_bookkeeping == 0 && tls_untraced == 0;
+  return tls_inside_aten > 0 && tls_callees_known == 0 && tls_bookkeeping == 0 && tls_untraced == 0;
 }
 
 std::unique_ptr<at::ObserverContext> name_start(const at::RecordFunction& fn) {
@@ -172,6 +179,16 @@ struct InsideAten {
   ~InsideAten() { --tls_inside_aten; }
   InsideAten(const InsideAten&) = delete;
   InsideAten& operator=(const InsideAten&) = delete;
+  c10::impl::ExcludeDispatchKeyGuard off{kTraceKey};
+};
+
+// Runs an ATen op whose callees the trace knows: none of them is recorded,
+// by the fallback or by an observer.
+struct CalleesKnown {
+  CalleesKnown() { ++tls_callees_known; }
+  ~CalleesKnown() { --tls_callees_known; }
+  CalleesKnown(const CalleesKnown&) = delete;
+  CalleesKnown& operator=(const CalleesKnown&) = delete;
   c10::impl::ExcludeDispatchKeyGuard off{kTraceKey};
 };
 
@@ -218,9 +235,8 @@ ReadTrace::ReadTrace(Options options) : options_(options) {
   seen_.reserve(16);
   start_epoch_ = cpu_allocation_epoch().value_or(0);
   owner_ = std::this_thread::get_id();
-  if (options_.nested && !options_.aten_callee_reads) {
-    acquire_name_observer();  // first: nothing else to undo if it throws
-    observes_names_ = true;
+  if (options_.nested && !options_.aten_callee_reads && !options_.names_on_demand) {
+    observe_names();  // first: nothing else to undo if it throws
   }
   previous_ = tls_active;
   tls_active = this;
@@ -251,6 +267,12 @@ void ReadTrace::stop() {
     observes_names_ = false;
     release_name_observer();
   }
+}
+
+void ReadTrace::observe_names() {
+  if (observes_names_) return;
+  acquire_name_observer();
+  observes_names_ = true;
 }
 
 // See Note [Inside or before the scope].
@@ -392,8 +414,8 @@ void ReadTrace::add_object(OpCall& call, const c10::IValue& v, int arg,
 // trace without (a retrace) would not: the two op sequences would differ for
 // a layer that changed nothing.
 void ReadTrace::begin_call(const c10::OperatorHandle& op, const c10::FunctionSchema& schema,
-                           c10::ArrayRef<c10::IValue> args, CallInProgress& progress,
-                           bool aten_op) {
+                           c10::ArrayRef<c10::IValue> args, CallInProgress& progress, bool aten_op,
+                           bool alone) {
   if (!options_.nested && depth_ > 0) {
     ++depth_;
     return;
@@ -415,11 +437,20 @@ void ReadTrace::begin_call(const c10::OperatorHandle& op, const c10::FunctionSch
   CallHook* hook = options_.hook;
   if (hook != nullptr && hook->skip(*this, position, depth_, schema,
                                     c10::ArrayRef<c10::IValue>(call_args, num_args))) {
+    if (progress.opens_aten && alone) {
+      // Note [A retrace that knows an ATen op's callees] in capture.cc.
+      const std::optional<size_t> known =
+          hook->known_callees(position, depth_, c10::ArrayRef<c10::IValue>(call_args, num_args));
+      if (known) {
+        calls_ += *known;
+        progress.callees_known = true;
+      }
+    }
     ++depth_;
     return;
   }
   try {
-    record(schema, call_args, num_args);
+    record(schema, call_args, num_args, progress.opens_aten);
   } catch (...) {
     --calls_;
     progress.recorded = false;
@@ -440,14 +471,15 @@ void ReadTrace::begin_call(const c10::OperatorHandle& op, const c10::FunctionSch
 
 // Recorded in place (no OpCall or TensorRead is moved into the list); a call
 // whose recording throws is taken off again.
-void ReadTrace::record(const c10::FunctionSchema& schema, const c10::IValue* args,
-                       size_t num_args) {
+void ReadTrace::record(const c10::FunctionSchema& schema, const c10::IValue* args, size_t num_args,
+                       bool opens_aten) {
   ops_.emplace_back();
   try {
     OpCall& call = ops_.back();
     call.name = op_name(schema);
     call.depth = depth_;
-    if (depth_ == 0 && (num_args > 0 || schema.arguments().empty())) {
+    call.callees_named = opens_aten;
+    if ((depth_ == 0 || opens_aten) && (num_args > 0 || schema.arguments().empty())) {
       const std::optional<uint64_t> constants = fingerprint_of(args, num_args);
       call.constants_known = constants.has_value();
       call.constants = constants.value_or(0);
@@ -573,7 +605,8 @@ namespace {
 
 std::unique_ptr<at::ObserverContext> observe_op_start(const at::RecordFunction& fn) {
   if (tls_active == nullptr || tls_bookkeeping > 0 || tls_untraced > 0) return nullptr;
-  if (tls_inside_aten > 0) return nullptr;  // the name observer's (Note [Inside an ATen op])
+  if (tls_inside_aten > 0) return nullptr;    // the name observer's (Note [Inside an ATen op])
+  if (tls_callees_known > 0) return nullptr;  // counted already
   if (!c10::impl::tls_is_dispatch_key_excluded(kTraceKey)) return nullptr;  // the fallback's
   const std::optional<c10::OperatorName> name = fn.operator_name();
   if (!name) return nullptr;
@@ -623,7 +656,8 @@ std::unique_ptr<ReadTrace::ObservedCall> ReadTrace::observed_begin(
   OwnWork own;
   const c10::FunctionSchema& schema = call->op.schema();
   for (size_t k = 0; k < call->chain.size(); ++k)
-    call->chain[k]->begin_call(call->op, schema, args, call->progress[k], /*aten_op=*/false);
+    call->chain[k]->begin_call(call->op, schema, args, call->progress[k], /*aten_op=*/false,
+                               /*alone=*/false);
   return call;
 }
 
@@ -649,14 +683,20 @@ C10_ALWAYS_INLINE void ReadTrace::run_around(const c10::OperatorHandle& op, c10:
   const bool aten_op = !to_python && is_aten_op(schema);
   bool read = false;   // some trace records the arguments of the ops this one calls
   bool named = false;  // some trace records them by name (Note [Inside an ATen op])
+  bool known = false;  // the one trace knows them (CallHook::known_callees)
   {
     OwnWork own;
     for (size_t k = 0; k < count; ++k) {
-      traces[k]->begin_call(op, schema, *stack, progress[k], aten_op);
+      traces[k]->begin_call(op, schema, *stack, progress[k], aten_op, count == 1);
+      if (progress[k].callees_known) {
+        known = true;
+        continue;
+      }
       if (!traces[k]->callees_unread()) {
         read = true;
       } else if (traces[k]->records_nested()) {
         named = true;
+        traces[k]->observe_names();
       }
     }
   }
@@ -667,6 +707,9 @@ C10_ALWAYS_INLINE void ReadTrace::run_around(const c10::OperatorHandle& op, c10:
       op.redispatchBoxed(below_trace_key(ks), stack);
     } else if (named) {
       InsideAten inside;
+      op.redispatchBoxed(below_trace_key(ks), stack);
+    } else if (known) {
+      CalleesKnown inside;
       op.redispatchBoxed(below_trace_key(ks), stack);
     } else {
       c10::impl::ExcludeDispatchKeyGuard off(kTraceKey);

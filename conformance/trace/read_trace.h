@@ -165,6 +165,16 @@ class CallHook {
   virtual bool skip_named(size_t /*position*/, int /*depth*/, std::string_view /*name*/) {
     return false;
   }
+  /// For a call skip() took as needing no record, an ATen op whose callees
+  /// the trace would record by name (Note [Inside an ATen op] in
+  /// read_trace.cc): how many calls the hook knows the op makes, or nothing
+  /// to have them named as usual. Known callees are counted (calls()) and
+  /// not seen: the op runs with no observer naming them. Asked only of the
+  /// one trace active on its thread, with every argument of the call.
+  virtual std::optional<size_t> known_callees(size_t /*position*/, int /*depth*/,
+                                              c10::ArrayRef<c10::IValue> /*args*/) {
+    return std::nullopt;
+  }
 
   /// After the call at `position` was recorded as `call` (the last of
   /// ReadTrace::ops()), for every record: false to take it out again. A
@@ -220,6 +230,11 @@ class ReadTrace {
     /// results, and are not boxed for the trace (Note [Inside an ATen op] in
     /// read_trace.cc). Two traces compared call by call take the same value.
     bool aten_callee_reads = true;
+    /// With aten_callee_reads false: install the thread's name observer at
+    /// the first call whose callees must be named, not for the whole trace,
+    /// for a trace whose hook knows most callees (known_callees): until then
+    /// no op of the thread pays for the observer.
+    bool names_on_demand = false;
   };
 
   ReadTrace() : ReadTrace(Options{}) {}
@@ -283,11 +298,12 @@ class ReadTrace {
 
  private:
   struct CallInProgress {
-    bool recorded = false;    // recorded, or skipped by the hook: its results are noted
-    bool hooked = false;      // the hook's top_level_begin ran
-    size_t first_op = 0;      // ops_.size() when the call began
-    bool named = false;       // recorded by name only (inside an ATen op)
-    bool opens_aten = false;  // an ATen op whose callees are recorded by name
+    bool recorded = false;       // recorded, or skipped by the hook: its results are noted
+    bool hooked = false;         // the hook's top_level_begin ran
+    size_t first_op = 0;         // ops_.size() when the call began
+    bool named = false;          // recorded by name only (inside an ATen op)
+    bool opens_aten = false;     // an ATen op whose callees are recorded by name
+    bool callees_known = false;  // its callees counted from the hook's answer, not seen
   };
   // The traces active on this thread, `innermost` first.
   static c10::SmallVector<ReadTrace*, 4> active_chain(ReadTrace* innermost);
@@ -302,9 +318,10 @@ class ReadTrace {
   // op.schema(). Called with the trace key excluded and the observer told
   // (OwnWork in read_trace.cc), once per trace of the chain.
   // `aten_op`: the op is an ATen op that does not go on to Python (Note
-  // [Inside an ATen op]).
+  // [Inside an ATen op]). `alone`: this is the one trace active on the
+  // thread, which alone may take its hook's known_callees().
   void begin_call(const c10::OperatorHandle& op, const c10::FunctionSchema& schema,
-                  c10::ArrayRef<c10::IValue> args, CallInProgress& call, bool aten_op);
+                  c10::ArrayRef<c10::IValue> args, CallInProgress& call, bool aten_op, bool alone);
   void end_call(const c10::OperatorHandle& op, const c10::FunctionSchema& schema,
                 c10::ArrayRef<c10::IValue> returns, CallInProgress& call);
   // A call that threw: the depth and the ATen op it opened given back.
@@ -316,8 +333,14 @@ class ReadTrace {
   // arguments (by name, or not at all), so that they need not be boxed.
   bool callees_unread() const { return !options_.nested || aten_depth_ >= 0; }
   // Records the call as ops_.back(); on a throw nothing is left recorded.
-  void record(const c10::FunctionSchema& schema, const c10::IValue* args, size_t num_args);
+  // `opens_aten`: the call is an ATen op whose callees are recorded by name
+  // (OpCall::callees_named).
+  void record(const c10::FunctionSchema& schema, const c10::IValue* args, size_t num_args,
+              bool opens_aten);
   bool records_nested() const { return options_.nested; }
+  // Installs the thread's name observer for this trace if it has not yet
+  // (Options::names_on_demand); released by stop().
+  void observe_names();
   void add_object(OpCall& call, const c10::IValue& v, int arg, const c10::Argument& schema_arg);
   // Records `t` as the read `r` (a new element of an op's reads).
   void fill_read(TensorRead& r, const at::Tensor& t, int arg, int element, const SparsePart* part,

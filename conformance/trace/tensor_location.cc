@@ -84,6 +84,17 @@ bool TensorLocation::is_place_of(const at::Tensor& t) const {
   return std::equal(strides.begin(), strides.end(), t.strides().begin(), t.strides().end());
 }
 
+bool TensorLocation::is_layout_of(const at::Tensor& t) const {
+  // What reset_to() would fill, compared field by field.
+  if (storage_offset != (has_plain_storage(t) ? t.storage_offset() : 0) ||
+      dtype != t.scalar_type() || device != t.device() ||
+      !std::equal(sizes.begin(), sizes.end(), t.sizes().begin(), t.sizes().end())) {
+    return false;
+  }
+  if (t.layout() != c10::kStrided) return strides.empty();
+  return std::equal(strides.begin(), strides.end(), t.strides().begin(), t.strides().end());
+}
+
 bool TensorLocation::same_layout(const TensorLocation& other) const {
   return storage_offset == other.storage_offset && sizes == other.sizes &&
          strides == other.strides && dtype == other.dtype && device == other.device;

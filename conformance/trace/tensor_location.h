@@ -95,6 +95,10 @@ struct TensorLocation {
   /// Same offset, sizes, strides, dtype and device.
   bool same_layout(const TensorLocation& other) const;
 
+  /// Whether `t` (defined) has this layout: same_layout(of(t)), without
+  /// making a location.
+  bool is_layout_of(const at::Tensor& t) const;
+
   /// Same storage, storage bytes, data pointer and layout.
   bool same_place(const TensorLocation& after) const;
 

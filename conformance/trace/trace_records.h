@@ -90,20 +90,24 @@ struct OpCall {
   /// of the process.
   std::string_view name;
   int depth = 0;  ///< 0: called by the traced code; n: called inside a depth n-1 op
+  /// An ATen op whose callees the trace recorded by name only (Note [Inside
+  /// an ATen op] in read_trace.cc): they are the deeper calls after it.
+  bool callees_named = false;
   /// Inline up to kInlineReads reads: a forward's ops mostly read one to
   /// three tensors, and a heap vector per op was a trace's most frequent
   /// allocation.
   static constexpr unsigned kInlineReads = 3;
   c10::SmallVector<TensorRead, kInlineReads> reads;
   std::vector<ObjectRead> objects;  ///< opaque objects among the arguments
-  /// For a top-level op (depth 0), a fingerprint of its other arguments
+  /// For a top-level op (depth 0), and an op whose callees are named at any
+  /// depth, a fingerprint of its other arguments
   /// (Note [The other arguments' fingerprint] in call_match.cc): numbers,
   /// shapes, flags, strings and devices by value, a wrapped number (`x *
   /// 0.5` from Python) by its value, a Python subclass tensor by its
   /// identity. Two calls whose fingerprints are equal were handed equal
   /// values.
   uint64_t constants = 0;
-  /// False for a nested op, and when an argument has no fingerprint (a
+  /// False for any other nested op, and when an argument has no fingerprint (a
   /// generator, a Python object, an op recorded without its arguments):
   /// then no two calls' other arguments count as equal.
   bool constants_known = false;
