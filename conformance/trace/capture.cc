@@ -401,7 +401,8 @@ std::vector<CapturedRead> CapturedForward::reads(const TensorNames& names, bool 
 // its kernels hold no state of the traced code (no closure, no kernel
 // object). So when a retraced ATen op is the captured call
 // (is_expected_call), every tensor argument has the captured layout and its
-// other arguments the captured fingerprint (chooses_the_captured_callees),
+// other arguments the captured fingerprint (is_expected_call's
+// `callees_alike`),
 // and none of its captured callees reads a value on the host or draws
 // random numbers, its callees are the captured ones: the retrace counts them
 // and does not see them, and runs the op with no observer. The observer is
@@ -422,21 +423,27 @@ CheckingRetrace::CheckingRetrace(const CapturedForward& capture)
 
 bool CheckingRetrace::skip(ReadTrace& trace, size_t position, int depth,
                            const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
-  return position < expected_.size() &&
-         is_expected_call(expected_[position], depth, schema, args.data(), args.size(),
-                          [&](const at::Tensor& t) { return trace.classify_argument(t); });
+  known_at_ = kNone;
+  if (position >= expected_.size()) return false;
+  // The callees are asked about in the same walk of the arguments, where
+  // the capture could know them.
+  const bool knowable = expected_callees_[position] >= 0;
+  bool alike = false;
+  const bool expected = is_expected_call(
+      expected_[position], depth, schema, args.data(), args.size(),
+      [&](const at::Tensor& t) { return trace.classify_argument(t); }, knowable ? &alike : nullptr);
+  if (alike) known_at_ = position;
+  return expected;
 }
 
 bool CheckingRetrace::skip_named(size_t position, int depth, std::string_view name) {
   return position < expected_.size() && is_expected_named_call(expected_[position], depth, name);
 }
 
-std::optional<size_t> CheckingRetrace::known_callees(size_t position, int depth,
-                                                     c10::ArrayRef<c10::IValue> args) {
-  if (position >= expected_callees_.size() || expected_callees_[position] < 0) return std::nullopt;
-  if (!chooses_the_captured_callees(expected_[position], depth, args.data(), args.size())) {
-    return std::nullopt;
-  }
+std::optional<size_t> CheckingRetrace::known_callees(size_t position, int /*depth*/,
+                                                     c10::ArrayRef<c10::IValue> /*args*/) {
+  // skip() found it out for this very call.
+  if (position != known_at_) return std::nullopt;
   return static_cast<size_t>(expected_callees_[position]);
 }
 

@@ -286,6 +286,10 @@ class CheckingRetrace final : private CallHook {
 
   const std::vector<OpCall>& expected_;
   const std::vector<int32_t>& expected_callees_;  // CapturedForward::known_callees_
+  static constexpr size_t kNone = static_cast<size_t>(-1);
+  // The position of the last call skip() took whose callees are the
+  // captured ones (known_callees()); kNone if the last was not such a call.
+  size_t known_at_ = kNone;
   std::vector<size_t> positions_;
   ReadTrace trace_;  // last: it starts tracing, with this hook
 };

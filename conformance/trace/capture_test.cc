@@ -734,8 +734,10 @@ TEST(CapturedForward, ARetraceAloneKnowsAnAtenOpsCalleesOnlyWhereTheyAreChosenAs
     bool clean;     // the retrace has nothing to report
     bool observed;  // it had to name some callees
   };
+  // The matmul's first argument is made by the forward (a view of the input
+  // would be an external read, whose layout is its place).
   const auto matmul = [](const Layer& m, const at::Tensor& x) {
-    return at::matmul(x.view(m.shape), m.w);
+    return at::matmul(at::relu(x).view(m.shape), m.w);
   };
   const auto by_mask = [](const Layer& m, const at::Tensor& x) {
     return x.view({3, 8}).index({m.mask});

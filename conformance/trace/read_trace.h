@@ -169,8 +169,9 @@ class CallHook {
   /// the trace would record by name (Note [Inside an ATen op] in
   /// read_trace.cc): how many calls the hook knows the op makes, or nothing
   /// to have them named as usual. Known callees are counted (calls()) and
-  /// not seen: the op runs with no observer naming them. Asked only of the
-  /// one trace active on its thread, with every argument of the call.
+  /// not seen: the op runs with no observer naming them. Asked right after
+  /// skip() of the same call, only of the one trace active on its thread,
+  /// with every argument of the call.
   virtual std::optional<size_t> known_callees(size_t /*position*/, int /*depth*/,
                                               c10::ArrayRef<c10::IValue> /*args*/) {
     return std::nullopt;

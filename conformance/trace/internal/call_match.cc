@@ -19,8 +19,8 @@ namespace {
 // capture and a retrace can tell whether the same op was handed the same
 // values. A nested op's follow from its top-level op's and are not computed,
 // except for an ATen op whose callees are named, whose values choose the ops
-// it calls (chooses_the_captured_callees). Words are folded in FNV-1a's way, a 64-bit word at a
-// time: each step is a bijection of the running hash for a given word, so two argument lists that
+// it calls (is_expected_call's `callees_alike`). Words are folded in FNV-1a's way, a 64-bit word at
+// a time: each step is a bijection of the running hash for a given word, so two argument lists that
 // differ in a single word always differ in their fingerprint. Each value is hashed with a tag of
 // its kind, so 1 and 1.0 and true differ; a double by its bits (-0.0 and 0.0 differ: never equal
 // when unsure). A tensor counts by what is not a read: a wrapped number by its dtype and value, a
@@ -164,7 +164,9 @@ bool same_call(const OpCall& a, const OpCall& b) {
 // same_call() checks on the record, so a true answer is one same_call()
 // would give.
 bool is_expected_call(const OpCall& expected, int depth, const c10::FunctionSchema& schema,
-                      const c10::IValue* args, size_t num_args, ClassifyArgument classify) {
+                      const c10::IValue* args, size_t num_args, ClassifyArgument classify,
+                      bool* callees_alike) {
+  if (callees_alike != nullptr) *callees_alike = false;
   if (expected.depth != depth || !expected.objects.empty()) return false;
   if (num_args == 0 && !schema.arguments().empty()) {
     // Arguments unknown: a nested call is recorded without reads.
@@ -172,37 +174,33 @@ bool is_expected_call(const OpCall& expected, int depth, const c10::FunctionSche
   }
   if (!is_name_of(expected.name, schema)) return false;
   bool same = true;
+  // An external read's place includes its layout (is_place_of); a made one's
+  // layout is compared only for callees_alike.
+  bool layouts = callees_alike != nullptr && expected.callees_named;
   size_t j = 0;
   for_each_read(
       args, num_args,
       [&](const at::Tensor& t, int arg, int element, const SparsePart* part) {
         same = same && j < expected.reads.size() &&
                is_expected_read(expected.reads[j], t, arg, element, part, classify);
+        layouts =
+            layouts && same && (expected.reads[j].external || expected.reads[j].is_layout_of(t));
         ++j;
       },
       [&](const c10::IValue&, int) { same = false; });  // an object: recorded in full
   if (!same || j != expected.reads.size()) return false;
-  if (depth > 0) return true;
+  if (depth > 0) {
+    if (layouts) {
+      const std::optional<uint64_t> constants = fingerprint_of(args, num_args);
+      *callees_alike = constants && expected.constants_known && *constants == expected.constants;
+    }
+    return true;
+  }
   const std::optional<uint64_t> constants = fingerprint_of(args, num_args);
-  return constants && expected.constants_known && *constants == expected.constants;
-}
-
-bool chooses_the_captured_callees(const OpCall& expected, int depth, const c10::IValue* args,
-                                  size_t num_args) {
-  if (!expected.callees_named) return false;
-  bool same = true;
-  size_t j = 0;
-  for_each_read(
-      args, num_args,
-      [&](const at::Tensor& t, int, int, const SparsePart*) {
-        same = same && j < expected.reads.size() && expected.reads[j].is_layout_of(t);
-        ++j;
-      },
-      [&](const c10::IValue&, int) { same = false; });
-  if (!same || j != expected.reads.size()) return false;
-  if (depth == 0) return true;
-  const std::optional<uint64_t> constants = fingerprint_of(args, num_args);
-  return constants && expected.constants_known && *constants == expected.constants;
+  const bool expected_call =
+      constants && expected.constants_known && *constants == expected.constants;
+  if (layouts) *callees_alike = expected_call;
+  return expected_call;
 }
 
 bool is_expected_named_call(const OpCall& expected, int depth, std::string_view name) {

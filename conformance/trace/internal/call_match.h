@@ -70,19 +70,18 @@ using ClassifyArgument = c10::function_ref<std::optional<bool>(const at::Tensor&
 /// recorded without reads, and is the expected call where that one has
 /// none either (is_expected_named_call). `classify` may classify a storage
 /// seen for the first time.
+///
+/// With `callees_alike`, also whether such a call, an ATen op whose callees
+/// were recorded by name (OpCall::callees_named), would choose the ops it
+/// calls as the captured one did (Note [A retrace that knows an ATen op's
+/// callees] in capture.cc): every tensor argument in the captured layout,
+/// made ones included (the answer above looks only at an external one's
+/// place), and for a nested call, whose fingerprint the answer above does
+/// not compare, the other arguments' fingerprint known and equal. False
+/// wherever the answer above is.
 bool is_expected_call(const OpCall& expected, int depth, const c10::FunctionSchema& schema,
-                      const c10::IValue* args, size_t num_args, ClassifyArgument classify);
-
-/// For an ATen op call that is_expected_call() took as `expected`, whose
-/// callees were recorded by name (OpCall::callees_named): whether what
-/// chooses the ops it calls is what it was at capture, so that it calls the
-/// captured ones (Note [A retrace that knows an ATen op's callees] in
-/// capture.cc). Every tensor argument has the captured layout, made ones
-/// included (is_expected_call looks at an external one's place only), and
-/// for a nested call, whose fingerprint is_expected_call does not compare,
-/// the other arguments' fingerprint is known and equal.
-bool chooses_the_captured_callees(const OpCall& expected, int depth, const c10::IValue* args,
-                                  size_t num_args);
+                      const c10::IValue* args, size_t num_args, ClassifyArgument classify,
+                      bool* callees_alike = nullptr);
 
 /// Whether a nested call (`depth` > 0) known by its name only (Note [Inside
 /// an ATen op] in read_trace.cc), which is recorded without reads or

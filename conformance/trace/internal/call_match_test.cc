@@ -204,5 +204,89 @@ TEST(CallMatch, TheSkipPathSaysNoWhereItCannotTell) {
       << "another op";
 }
 
+// The last top-level op `fn` makes, recorded as a capture records it: an
+// ATen op's callees by name (OpCall::callees_named).
+OpCall record_naming_callees(const std::function<void()>& fn) {
+  ReadTrace::Options options;
+  options.aten_callee_reads = false;
+  ReadTrace trace(options);
+  fn();
+  trace.stop();
+  for (auto op = trace.ops().rbegin(); op != trace.ops().rend(); ++op) {
+    if (op->depth == 0) return *op;
+  }
+  ADD_FAILURE() << "no top-level op";
+  return OpCall{};
+}
+
+// Whether a retraced call chooses its callees as the captured one did
+// (Note [A retrace that knows an ATen op's callees] in capture.cc): the
+// second answer of is_expected_call.
+TEST(CallMatch, CalleesAreAlikeOnlyWhereEverythingThatChoosesThemIs) {
+  const at::Tensor w = at::randn({4, 4});
+  const at::Tensor x_other = at::randn({2, 4});
+  const at::Tensor x_t = at::randn({4, 2}).t();  // x_other's sizes, other strides
+  const c10::OperatorHandle mm = c10::Dispatcher::singleton().findSchemaOrThrow("aten::mm", "");
+  const c10::OperatorHandle mul =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::mul", "Scalar");
+  // The first argument made by the forward, as an activation is.
+  const OpCall mm_named = record_naming_callees([&] { at::mm(at::randn({2, 4}), w); });
+  const OpCall mul_named = record_naming_callees([&] { at::mul(at::randn({2, 4}), 2.0); });
+  ASSERT_TRUE(mm_named.callees_named);
+  ASSERT_TRUE(mul_named.constants_known);
+  OpCall mm_nested = mm_named;
+  mm_nested.depth = 1;
+  OpCall mul_nested = mul_named;
+  mul_nested.depth = 1;
+  ReadTrace::Options unnamed;
+  unnamed.nested = false;
+  ReadTrace trace(unnamed);
+  at::mm(at::randn({2, 4}), w);
+  trace.stop();
+  ASSERT_EQ(trace.ops().size(), 2u);
+  const OpCall mm_unnamed = trace.ops().back();
+  // w existed before the trace; the first arguments were made by the forward.
+  auto classify = [&](const at::Tensor& t) -> std::optional<bool> { return t.is_same(w); };
+  struct Case {
+    const char* what;
+    const OpCall& captured;
+    int depth;
+    c10::OperatorHandle op;
+    std::vector<c10::IValue> args;
+    bool expected;
+    bool alike;
+  };
+  const std::vector<Case> cases = {
+      {"another made tensor in the same layout", mm_named, 0, mm, {x_other, w}, true, true},
+      {"a made tensor with other strides", mm_named, 0, mm, {x_t, w}, true, false},
+      {"nested: the same", mm_nested, 1, mm, {x_other, w}, true, true},
+      {"nested: the same number", mul_nested, 1, mul, {x_other, c10::Scalar(2.0)}, true, true},
+      {"nested: another number (not compared for the call itself)",
+       mul_nested,
+       1,
+       mul,
+       {x_other, c10::Scalar(3.0)},
+       true,
+       false},
+      {"top level: another number", mul_named, 0, mul, {x_other, c10::Scalar(3.0)}, false, false},
+      {"callees not named at capture", mm_unnamed, 0, mm, {x_other, w}, true, false},
+      {"the weight made by the forward",
+       mm_named,
+       0,
+       mm,
+       {x_other, at::randn({4, 4})},
+       false,
+       false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    bool alike = true;
+    EXPECT_EQ(is_expected_call(c.captured, c.depth, c.op.schema(), c.args.data(), c.args.size(),
+                               classify, &alike),
+              c.expected);
+    EXPECT_EQ(alike, c.alike);
+  }
+}
+
 }  // namespace
 }  // namespace reloadsafe::trace
