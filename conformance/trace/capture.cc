@@ -9,6 +9,7 @@
 
 #include <ATen/core/stack.h>
 #include <c10/util/Exception.h>
+#include <c10/util/flat_hash_map.h>
 
 #include <algorithm>
 #include <sstream>
@@ -66,6 +67,24 @@ bool reads_values_on_the_host(std::string_view op) {
   return std::any_of(
       std::begin(kValueReadingOps), std::end(kValueReadingOps),
       [&](std::string_view prefix) { return op.substr(0, prefix.size()) == prefix; });
+}
+
+// What a capture asks of a recorded op's name, answered once per name and
+// thread: the lists above cost a few hundred instructions a name, for every
+// op of every capture. A record's name is interned (OpCall::name), so its
+// address stands for it.
+struct NameKinds {
+  bool random;
+  bool reads_values;
+};
+
+NameKinds kinds_of(std::string_view recorded_name) {
+  thread_local ska::flat_hash_map<const char*, NameKinds> known;
+  auto it = known.find(recorded_name.data());
+  if (it != known.end()) return it->second;
+  const NameKinds kinds{is_random(recorded_name), reads_values_on_the_host(recorded_name)};
+  known.emplace(recorded_name.data(), kinds);
+  return kinds;
 }
 
 // The objects of one op, captured (`a`) and retraced (`b`).
@@ -258,12 +277,11 @@ CapturedForward::CapturedForward(const std::function<at::Tensor()>& forward)
   }
   trace_->stop();
   const std::vector<OpCall>& ops = trace_->ops();
-  // Each op's name is matched once: the lists are a few hundred
-  // instructions a name.
-  std::vector<bool> random(ops.size());
-  for (size_t i = 0; i < ops.size(); ++i) {
-    random[i] = is_random(ops[i].name);
-    if (random[i] && random_op_.empty()) random_op_ = ops[i].name;
+  for (const OpCall& op : ops) {
+    if (kinds_of(op.name).random) {
+      random_op_ = op.name;
+      break;
+    }
   }
   // See Note [A retrace that knows an ATen op's callees].
   known_callees_.assign(ops.size(), -1);
@@ -273,8 +291,9 @@ CapturedForward::CapturedForward(const std::function<at::Tensor()>& forward)
     bool plain = true;
     for (; end < ops.size() && ops[end].depth > ops[i].depth; ++end) {
       const OpCall& callee = ops[end];
-      plain = plain && !random[end] && callee.reads.empty() && callee.objects.empty() &&
-              !reads_values_on_the_host(callee.name);
+      const NameKinds kinds = kinds_of(callee.name);
+      plain = plain && !kinds.random && !kinds.reads_values && callee.reads.empty() &&
+              callee.objects.empty();
     }
     if (plain) known_callees_[i] = static_cast<int32_t>(end - i - 1);
   }
@@ -519,7 +538,7 @@ bool CapturedForward::follows_values(const CheckingRetrace& retrace,
     }
   }
   if (!std::any_of(captured.begin(), captured.begin() + changed,
-                   [](const OpCall& op) { return reads_values_on_the_host(op.name); })) {
+                   [](const OpCall& op) { return kinds_of(op.name).reads_values; })) {
     return false;
   }
   size_t k = 0;
