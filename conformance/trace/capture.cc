@@ -421,10 +421,10 @@ std::vector<CapturedRead> CapturedForward::reads(const TensorNames& names, bool 
 // object). So when a retraced ATen op is the captured call
 // (is_expected_call), every tensor argument has the captured layout and its
 // other arguments the captured fingerprint (is_expected_call's
-// `callees_alike`),
-// and none of its captured callees reads a value on the host or draws
-// random numbers, its callees are the captured ones: the retrace counts them
-// and does not see them, and runs the op with no observer. The observer is
+// `callees_alike`), and none of its captured callees reads a value on the
+// host or draws random numbers, its callees are the captured ones: the
+// retrace counts them and does not see them, and runs the op with no
+// observer. The observer is
 // installed at the first ATen op whose callees it cannot know (a changed
 // layout, a value read, another trace active on the thread) and names the
 // rest as a capture does. A forward that stayed put is then retraced

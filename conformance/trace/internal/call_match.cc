@@ -14,19 +14,21 @@ namespace {
 
 // Note [The other arguments' fingerprint]
 // A graph bakes in more than addresses: the numbers, shapes and flags an op
-// is launched with. Each top-level op gets a 64-bit fingerprint of
-// every argument that is not a tensor read or an opaque object, so that a
-// capture and a retrace can tell whether the same op was handed the same
-// values. A nested op's follow from its top-level op's and are not computed,
-// except for an ATen op whose callees are named, whose values choose the ops
-// it calls (is_expected_call's `callees_alike`). Words are folded in FNV-1a's way, a 64-bit word at
-// a time: each step is a bijection of the running hash for a given word, so two argument lists that
-// differ in a single word always differ in their fingerprint. Each value is hashed with a tag of
-// its kind, so 1 and 1.0 and true differ; a double by its bits (-0.0 and 0.0 differ: never equal
-// when unsure). A tensor counts by what is not a read: a wrapped number by its dtype and value, a
-// Python subclass tensor by its identity (the capture holds that very object), a plain tensor by
-// its presence only (its place is compared as a read). A value of a kind not listed makes the op's
-// fingerprint unknown.
+// is launched with. Each top-level op gets a 64-bit fingerprint of every
+// argument that is not a tensor read or an opaque object, so that a capture
+// and a retrace can tell whether the same op was handed the same values. A
+// nested op's follow from its top-level op's and are not computed, except
+// for an ATen op whose callees are named, whose values choose the ops it
+// calls (is_expected_call's `callees_alike`). Words are folded in FNV-1a's
+// way, a 64-bit word at a time: each step is a bijection of the running
+// hash for a given word, so two argument lists that differ in a single word
+// always differ in their fingerprint. Each value is hashed with a tag of its
+// kind, so 1 and 1.0 and true differ; a double by its bits (-0.0 and 0.0
+// differ: never equal when unsure). A tensor counts by what is not a read: a
+// wrapped number by its dtype and value, a Python subclass tensor by its
+// identity (the capture holds that very object), a plain tensor by its
+// presence only (its place is compared as a read). A value of a kind not
+// listed makes the op's fingerprint unknown.
 class Fingerprint {
  public:
   uint64_t value() const { return hash_; }
