@@ -294,22 +294,27 @@ sandbox_base() {
   return 0
 }
 
-# Adds what is missing to user.bazelrc; lines of the user's own stay (a
-# sandbox folder set-up would not choose now is replaced).
+# Makes user.bazelrc hold set-up's value of each flag it manages (the disk
+# cache, the sandbox folder), or none where set-up chooses Bazel's default: a
+# line of such a flag with another value is replaced. Lines of the user's
+# own stay.
 write_user_bazelrc() {
   local rc="$TOP/user.bazelrc"
-  local base line
-  local lines=("build --disk_cache=$CACHE/bazel-disk-cache")
-  base="$(sandbox_base)"
-  [ -z "$base" ] || lines+=("build --sandbox_base=$base")
   [ -f "$rc" ] || printf '# Written by tools/setup.sh: machine-local settings (lines you add are kept).\n' > "$rc"
-  if grep -q '^build --sandbox_base=' "$rc" && ! { [ -n "$base" ] && grep -qxF "build --sandbox_base=$base" "$rc"; }; then
-    sed -i '/^build --sandbox_base=/d' "$rc"
-    say "user.bazelrc: the earlier build --sandbox_base line removed"
+  set_bazelrc_flag "$rc" disk_cache "$CACHE/bazel-disk-cache"
+  set_bazelrc_flag "$rc" sandbox_base "$(sandbox_base)"
+}
+
+# set_bazelrc_flag RC FLAG VALUE: RC's `build --FLAG=...` lines become the one
+# line `build --FLAG=VALUE`, or none for an empty VALUE.
+set_bazelrc_flag() {
+  local rc="$1" flag="$2" value="$3"
+  local want="build --$flag=$value"
+  if grep -q "^build --$flag=" "$rc" && { [ -z "$value" ] || grep -v -xF "$want" "$rc" | grep -q "^build --$flag="; }; then
+    sed -i "/^build --$flag=/d" "$rc"
+    say "user.bazelrc: the earlier build --$flag line removed"
   fi
-  for line in "${lines[@]}"; do
-    grep -qxF "$line" "$rc" || { printf '%s\n' "$line" >> "$rc"; say "user.bazelrc: $line"; }
-  done
+  [ -z "$value" ] || grep -qxF "$want" "$rc" || { printf '%s\n' "$want" >> "$rc"; say "user.bazelrc: $want"; }
 }
 
 mkdir -p "$CACHE"

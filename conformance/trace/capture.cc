@@ -459,8 +459,7 @@ bool CheckingRetrace::skip_named(size_t position, int depth, std::string_view na
   return position < expected_.size() && is_expected_named_call(expected_[position], depth, name);
 }
 
-std::optional<size_t> CheckingRetrace::known_callees(size_t position, int /*depth*/,
-                                                     c10::ArrayRef<c10::IValue> /*args*/) {
+std::optional<size_t> CheckingRetrace::known_callees(size_t position) {
   // skip() found it out for this very call.
   if (position != known_at_) return std::nullopt;
   return static_cast<size_t>(expected_callees_[position]);

@@ -280,8 +280,7 @@ class CheckingRetrace final : private CallHook {
   bool skip(ReadTrace& trace, size_t position, int depth, const c10::FunctionSchema& schema,
             c10::ArrayRef<c10::IValue> args) override;
   bool skip_named(size_t position, int depth, std::string_view name) override;
-  std::optional<size_t> known_callees(size_t position, int depth,
-                                      c10::ArrayRef<c10::IValue> args) override;
+  std::optional<size_t> known_callees(size_t position) override;
   bool keep(size_t position, const OpCall& call, bool droppable) override;
 
   const std::vector<OpCall>& expected_;

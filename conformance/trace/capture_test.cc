@@ -106,36 +106,29 @@ TORCH_LIBRARY(reloadsafe_capture_test, m) {
         [](const at::Tensor& x) { return at::flatten(x, flatten_start(), -1); });
 }
 
+// Calls the test library's op `name` with `args` through the dispatcher, as
+// a backend calls its custom op: the result.
+at::Tensor call_test_op(const char* name, torch::jit::Stack args) {
+  const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(
+      (std::string("reloadsafe_capture_test::") + name).c_str(), "");
+  op.callBoxed(args);
+  return args.back().toTensor();
+}
+
 at::Tensor flatten_from(const at::Tensor& x) {
-  static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("reloadsafe_capture_test::flatten_from", "");
-  torch::jit::Stack stack{x};
-  op.callBoxed(stack);
-  return stack.back().toTensor();
+  return call_test_op("flatten_from", {x});
 }
 
 at::Tensor stash_ones(const at::Tensor& x) {
-  static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("reloadsafe_capture_test::stash_ones", "");
-  torch::jit::Stack stack{x};
-  op.callBoxed(stack);
-  return stack.back().toTensor();
+  return call_test_op("stash_ones", {x});
 }
 
 at::Tensor scratch_add(const at::Tensor& x) {
-  static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("reloadsafe_capture_test::scratch_add", "");
-  torch::jit::Stack stack{x};
-  op.callBoxed(stack);
-  return stack.back().toTensor();
+  return call_test_op("scratch_add", {x});
 }
 
 at::Tensor packed_mm(const at::Tensor& x, const c10::IValue& object) {
-  static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("reloadsafe_capture_test::packed_mm", "");
-  torch::jit::Stack stack{x, object};
-  op.callBoxed(stack);
-  return stack.back().toTensor();
+  return call_test_op("packed_mm", {x, object});
 }
 
 // Expects of a checking retrace the answers of a full retrace of the same

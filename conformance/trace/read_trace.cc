@@ -173,23 +173,19 @@ void release_name_observer() {
   if (--name_observer_users == 0) at::removeCallback(name_observer);
 }
 
-// Keeps an ATen op's callees on the name observer while it runs.
-struct InsideAten {
-  InsideAten() { ++tls_inside_aten; }
-  ~InsideAten() { --tls_inside_aten; }
-  InsideAten(const InsideAten&) = delete;
-  InsideAten& operator=(const InsideAten&) = delete;
-  c10::impl::ExcludeDispatchKeyGuard off{kTraceKey};
-};
+// Runs an ATen op with the trace key off and the thread's `count` raised:
+// tls_inside_aten keeps its callees on the name observer; tls_callees_known
+// keeps them from every observer, the trace knowing them already.
+class AtenOpRun {
+ public:
+  explicit AtenOpRun(int& count) : count_(count) { ++count_; }
+  ~AtenOpRun() { --count_; }
+  AtenOpRun(const AtenOpRun&) = delete;
+  AtenOpRun& operator=(const AtenOpRun&) = delete;
 
-// Runs an ATen op whose callees the trace knows: none of them is recorded,
-// by the fallback or by an observer.
-struct CalleesKnown {
-  CalleesKnown() { ++tls_callees_known; }
-  ~CalleesKnown() { --tls_callees_known; }
-  CalleesKnown(const CalleesKnown&) = delete;
-  CalleesKnown& operator=(const CalleesKnown&) = delete;
-  c10::impl::ExcludeDispatchKeyGuard off{kTraceKey};
+ private:
+  int& count_;
+  c10::impl::ExcludeDispatchKeyGuard off_{kTraceKey};
 };
 
 }  // namespace
@@ -439,9 +435,7 @@ void ReadTrace::begin_call(const c10::OperatorHandle& op, const c10::FunctionSch
                                     c10::ArrayRef<c10::IValue>(call_args, num_args))) {
     if (progress.opens_aten && alone) {
       // Note [A retrace that knows an ATen op's callees] in capture.cc.
-      const std::optional<size_t> known =
-          hook->known_callees(position, depth_, c10::ArrayRef<c10::IValue>(call_args, num_args));
-      if (known) {
+      if (const std::optional<size_t> known = hook->known_callees(position)) {
         calls_ += *known;
         progress.callees_known = true;
       }
@@ -705,11 +699,8 @@ C10_ALWAYS_INLINE void ReadTrace::run_around(const c10::OperatorHandle& op, c10:
       // See Note [Inside a subclass's dispatch].
       ObserveInsidePython observe(to_python);
       op.redispatchBoxed(below_trace_key(ks), stack);
-    } else if (named) {
-      InsideAten inside;
-      op.redispatchBoxed(below_trace_key(ks), stack);
-    } else if (known) {
-      CalleesKnown inside;
+    } else if (named || known) {
+      AtenOpRun run(named ? tls_inside_aten : tls_callees_known);
       op.redispatchBoxed(below_trace_key(ks), stack);
     } else {
       c10::impl::ExcludeDispatchKeyGuard off(kTraceKey);

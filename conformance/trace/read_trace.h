@@ -170,12 +170,9 @@ class CallHook {
   /// read_trace.cc): how many calls the hook knows the op makes, or nothing
   /// to have them named as usual. Known callees are counted (calls()) and
   /// not seen: the op runs with no observer naming them. Asked right after
-  /// skip() of the same call, only of the one trace active on its thread,
-  /// with every argument of the call.
-  virtual std::optional<size_t> known_callees(size_t /*position*/, int /*depth*/,
-                                              c10::ArrayRef<c10::IValue> /*args*/) {
-    return std::nullopt;
-  }
+  /// skip() of the same call (which has its arguments), only of the one
+  /// trace active on its thread.
+  virtual std::optional<size_t> known_callees(size_t /*position*/) { return std::nullopt; }
 
   /// After the call at `position` was recorded as `call` (the last of
   /// ReadTrace::ops()), for every record: false to take it out again. A

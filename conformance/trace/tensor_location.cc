@@ -68,15 +68,10 @@ void TensorLocation::reset_to(const at::Tensor& t) {
   data_ptr = data_at(storage_data, storage_offset, t);
 }
 
-bool TensorLocation::is_place_of(const at::Tensor& t) const {
-  // What reset_to() would fill, compared field by field.
-  const c10::Storage& s = t.storage();
-  if (storage != s.unsafeGetStorageImpl() || storage_data != s.data() ||
-      storage_nbytes != s.nbytes() || storage_offset != t.storage_offset() ||
-      dtype != t.scalar_type() || device != t.device()) {
-    return false;
-  }
-  if (data_ptr != data_at(storage_data, storage_offset, t) ||
+// What reset_to() would fill, compared field by field: the layout of `t`,
+// whose storage offset is `offset`.
+bool TensorLocation::has_layout(const at::Tensor& t, int64_t offset) const {
+  if (storage_offset != offset || dtype != t.scalar_type() || device != t.device() ||
       !std::equal(sizes.begin(), sizes.end(), t.sizes().begin(), t.sizes().end())) {
     return false;
   }
@@ -84,15 +79,18 @@ bool TensorLocation::is_place_of(const at::Tensor& t) const {
   return std::equal(strides.begin(), strides.end(), t.strides().begin(), t.strides().end());
 }
 
-bool TensorLocation::is_layout_of(const at::Tensor& t) const {
-  // What reset_to() would fill, compared field by field.
-  if (storage_offset != (has_plain_storage(t) ? t.storage_offset() : 0) ||
-      dtype != t.scalar_type() || device != t.device() ||
-      !std::equal(sizes.begin(), sizes.end(), t.sizes().begin(), t.sizes().end())) {
+bool TensorLocation::is_place_of(const at::Tensor& t) const {
+  const c10::Storage& s = t.storage();
+  if (storage != s.unsafeGetStorageImpl() || storage_data != s.data() ||
+      storage_nbytes != s.nbytes()) {
     return false;
   }
-  if (t.layout() != c10::kStrided) return strides.empty();
-  return std::equal(strides.begin(), strides.end(), t.strides().begin(), t.strides().end());
+  const int64_t offset = t.storage_offset();
+  return data_ptr == data_at(storage_data, offset, t) && has_layout(t, offset);
+}
+
+bool TensorLocation::is_layout_of(const at::Tensor& t) const {
+  return has_layout(t, has_plain_storage(t) ? t.storage_offset() : 0);
 }
 
 bool TensorLocation::same_layout(const TensorLocation& other) const {

@@ -112,6 +112,10 @@ struct TensorLocation {
   /// change's before and after are left empty: for a caller that counts
   /// changes without showing them, which then formats no addresses.
   std::vector<LocationChange> diff(const TensorLocation& after, bool details = true) const;
+
+ private:
+  // is_layout_of() for `t` at storage offset `offset`.
+  bool has_layout(const at::Tensor& t, int64_t offset) const;
 };
 
 }  // namespace reloadsafe::trace
