@@ -11,9 +11,11 @@
 //   BM_OwnWork/<backend>/process_time              20 x (new layer + load + post-processing
 //                                                  + forward): the layer's own work for as
 //                                                  many reloads (ReloadSession::cold_forward)
-//   BM_Forward/<backend>/{untraced,traced,captured}/process_time
-//                                                  one forward, bare, under a ReadTrace, and
-//                                                  captured (trace + held arguments)
+//   BM_Forward/<backend>/{untraced,traced,captured,retraced}/process_time
+//                                                  one forward, bare, under a ReadTrace,
+//                                                  captured (trace + held arguments), and
+//                                                  retraced against a capture (what each
+//                                                  reload of a traced run pays)
 //   BM_HarnessPaired/<backend>/process_time        the first three in turn, each timed on
 //                                                  its own; counters traced_over_untraced
 //                                                  and traced_over_own_work (Note [Paired
@@ -157,7 +159,7 @@ void harness_paired(benchmark::State& state, const Backend& backend) {
   });
 }
 
-enum class How { kUntraced, kTraced, kCaptured };
+enum class How { kUntraced, kTraced, kCaptured, kRetraced };
 
 void forward(benchmark::State& state, const Backend& backend, How how) {
   ScopedThreads threads(1);
@@ -166,6 +168,9 @@ void forward(benchmark::State& state, const Backend& backend, How how) {
     const std::shared_ptr<harness::SubjectLayer> layer =
         harness::cold_loaded(subject, subject.draw_checkpoint(1));
     const at::Tensor x = subject.draw_input(2);
+    std::unique_ptr<CapturedForward> captured;
+    if (how == How::kRetraced)
+      captured = std::make_unique<CapturedForward>([&] { return layer->forward(x); });
     for (auto _ : state) {
       if (how == How::kUntraced) {
         benchmark::DoNotOptimize(layer->forward(x).const_data_ptr());
@@ -173,9 +178,13 @@ void forward(benchmark::State& state, const Backend& backend, How how) {
         trace::ReadTrace trace;
         benchmark::DoNotOptimize(layer->forward(x).const_data_ptr());
         trace.stop();
-      } else {
+      } else if (how == How::kCaptured) {
         CapturedForward capture([&] { return layer->forward(x); });
         benchmark::DoNotOptimize(capture.output().const_data_ptr());
+      } else {
+        trace::CheckingRetrace retrace(*captured);
+        benchmark::DoNotOptimize(layer->forward(x).const_data_ptr());
+        retrace.stop();
       }
     }
   });
@@ -208,7 +217,7 @@ BenchMainOptions register_benchmarks() {
         ->Unit(benchmark::kMillisecond);
     for (const auto& [how, label] :
          {std::pair{How::kUntraced, "untraced"}, std::pair{How::kTraced, "traced"},
-          std::pair{How::kCaptured, "captured"}}) {
+          std::pair{How::kCaptured, "captured"}, std::pair{How::kRetraced, "retraced"}}) {
       benchmark::RegisterBenchmark(
           ("BM_Forward/" + name + "/" + label).c_str(),
           [backend, how = how](benchmark::State& s) { forward(s, *backend, how); })
@@ -234,6 +243,8 @@ BenchMainOptions register_benchmarks() {
     options.references.emplace_back("BM_Forward/" + name + "/traced/",
                                     "BM_Forward/" + name + "/untraced/");
     options.references.emplace_back("BM_Forward/" + name + "/captured/",
+                                    "BM_Forward/" + name + "/untraced/");
+    options.references.emplace_back("BM_Forward/" + name + "/retraced/",
                                     "BM_Forward/" + name + "/untraced/");
   }
   // The same two ratios as medians over the samples, each sample's own
