@@ -268,7 +268,10 @@ class CapturedForward::Holder final : public CallHook {
 
 CapturedForward::CapturedForward(const std::function<at::Tensor()>& forward)
     : holder_(std::make_unique<Holder>()) {
-  trace_ = std::make_unique<ReadTrace>(capture_trace_options(holder_.get()));
+  ReadTrace::Options options = capture_trace_options(holder_.get());
+  // Every call of the forward and the calls inside its ATen ops, by name.
+  options.expected_records = 128;
+  trace_ = std::make_unique<ReadTrace>(options);
   try {
     output_ = forward();
   } catch (...) {
@@ -399,11 +402,12 @@ std::vector<CapturedRead> CapturedForward::reads(const TensorNames& names, bool 
 //
 // Its hook first tells each call against the expected call from the call's
 // arguments, without a record (is_expected_call, call_match.h, classifying
-// a storage seen for the first time through the trace's own rule).
-// Whatever that cannot tell (an object, a tensor without a plain storage, a
-// provisional storage, any difference) is recorded as any trace records it
-// and then compared with same_call, so a call is dropped only if its record
-// would have been the expected one. The trace never lets a hook drop a
+// a storage seen for the first time through the trace's own rule, and
+// asking a kernel object for its tensors as a record asks it:
+// ReadTrace::match_object). Whatever that cannot tell (a tensor without a
+// plain storage, a provisional storage, any difference) is recorded as any
+// trace records it and then compared with same_call, so a call is dropped
+// only if its record would have been the expected one. The trace never lets a hook drop a
 // record that reads a storage whose classification is provisional (Note
 // [Inside or before the scope] in read_trace.cc). A forward that stayed put
 // then costs a retrace no record for most calls, and nothing to walk or free
@@ -437,6 +441,7 @@ CheckingRetrace::CheckingRetrace(const CapturedForward& capture)
     : expected_(capture.trace().ops()), expected_callees_(capture.known_callees_), trace_([this] {
         ReadTrace::Options options = capture_trace_options(this);
         options.names_on_demand = true;
+        options.expected_records = 0;  // it keeps only the calls that differ
         return options;
       }()) {}
 
@@ -450,7 +455,12 @@ bool CheckingRetrace::skip(ReadTrace& trace, size_t position, int depth,
   bool alike = false;
   const bool expected = is_expected_call(
       expected_[position], depth, schema, args.data(), args.size(),
-      [&](const at::Tensor& t) { return trace.classify_argument(t); }, knowable ? &alike : nullptr);
+      [&](const at::Tensor& t) { return trace.classify_argument(t); },
+      [&](const ObjectRead& object, const c10::IValue& v, int arg,
+          c10::function_ref<void(const at::Tensor&, int)> on_read) {
+        return trace.match_object(object, v, arg, on_read);
+      },
+      knowable ? &alike : nullptr);
   if (alike) known_at_ = position;
   return expected;
 }

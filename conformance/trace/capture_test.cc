@@ -324,6 +324,56 @@ TEST(CapturedForward, ACheckingRetraceRecordsOnlyTheCallsThatMoved) {
   EXPECT_EQ(full.records(), full.calls());
 }
 
+// A kernel object is told on the skip path too: the captured object (by
+// its C++ instance), each tensor it reports at the captured place, with no
+// record made; anything else about it is recorded and reported as a full
+// retrace reports it (retrace() checks the answers agree).
+TEST(CapturedForward, ACheckingRetraceTellsAKernelObjectWithoutARecordOnlyWhereItStayedPut) {
+  struct Row {
+    const char* what;
+    std::function<void(c10::intrusive_ptr<Packed>&)> reload;
+    bool clean;
+  };
+  const std::vector<Row> rows = {
+      {"its weight refilled in place",
+       [](c10::intrusive_ptr<Packed>& k) {
+         k->weight.copy_(at::randn({8, 4}));
+       },
+       true},
+      {"its weight rebound to a new tensor",
+       [](c10::intrusive_ptr<Packed>& k) {
+         k->weight = at::randn({8, 4});
+       },
+       false},
+      {"its weight a view elsewhere in a larger storage",
+       [](c10::intrusive_ptr<Packed>& k) {
+         k->weight = at::randn({9, 4}).narrow(0, 1, 8);
+       },
+       false},
+      {"its weight in another layout on the same storage",
+       [](c10::intrusive_ptr<Packed>& k) {
+         k->weight = k->weight.as_strided({8, 4}, {1, 8});
+       },
+       false},
+      {"a new instance (re-packed)",
+       [](c10::intrusive_ptr<Packed>& k) { k = c10::make_intrusive<Packed>(k->weight); }, false},
+  };
+  const at::Tensor x = at::randn({2, 4});
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.what);
+    c10::intrusive_ptr<Packed> kernel = c10::make_intrusive<Packed>(at::randn({8, 4}));
+    auto forward = [&] { return packed_mm(x, c10::IValue(kernel)); };
+    CapturedForward capture(forward);
+    TensorNames names({});
+    row.reload(kernel);
+    EXPECT_EQ(retrace(capture, names, forward).changes.empty(), row.clean);
+    CheckingRetrace checking(capture);
+    forward();
+    checking.stop();
+    EXPECT_EQ(checking.records() == 0, row.clean) << "recorded only where it moved";
+  }
+}
+
 TEST(CapturedForward, ARebuiltTensorIsFlaggedByAddressAndGivesAStaleReplay) {
   Weights m;
   const at::Tensor x = at::randn({2, 4});

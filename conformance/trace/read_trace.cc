@@ -222,10 +222,7 @@ TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericMode, m) {
 }
 
 ReadTrace::ReadTrace(Options options) : options_(options) {
-  // A layer's forward: a few dozen ops, recorded without regrowing; a trace
-  // with a hook may record few of them (a checking retrace, usually none),
-  // and grows as it needs.
-  if (options_.hook == nullptr) ops_.reserve(32);
+  ops_.reserve(options_.expected_records);
   // A forward reads a handful of storages: one table allocation, not a
   // rehash every few inserts while the trace is young.
   seen_.reserve(16);
@@ -368,37 +365,66 @@ void ReadTrace::note_result(const at::Tensor& t) {
       impl, Seen{false, c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl())});
 }
 
-void ReadTrace::add_object(OpCall& call, const c10::IValue& v, int arg,
-                           const c10::Argument& schema_arg) {
+namespace {
+
+// The object `v` (a TorchBind script object) handed as argument `arg`, by its
+// identities only.
+ObjectRead object_at(const c10::IValue& v, int arg) {
   const c10::ivalue::Object& obj = v.toObjectRef();
   ObjectRead o;
   o.arg = arg;
-  o.arg_name = schema_arg.name();
-  o.class_name = short_class_name(obj);
   o.identity = &obj;
-  if (obj.slots().size() > 0 && obj.getSlot(0).isCapsule()) {
-    o.payload = obj.getSlot(0).toCapsule().get();
-  }
-  objects_seen_.push_back(v);
-  // Tensors the object reports, where two calls agree on their storages.
-  const ReportedTensors reported = reported_tensors(v);
-  const std::vector<at::Tensor>& first = reported.tensors;
-  const char* source = reported.source;
-  if (source != nullptr && !first.empty()) {
-    const std::vector<at::Tensor> second = reported_tensors(v).tensors;
-    for (size_t k = 0; k < first.size() && k < second.size(); ++k) {
-      const at::Tensor& t = first[k];
-      if (!has_plain_storage(t) || !has_plain_storage(second[k]) ||
-          t.storage().unsafeGetStorageImpl() != second[k].storage().unsafeGetStorageImpl()) {
-        continue;
-      }
-      TensorRead& r = call.reads.emplace_back();
-      fill_read(r, t, arg, static_cast<int>(k), /*part=*/nullptr, schema_arg);
-      r.arg_name = o.arg_name + "." + source + "[" + std::to_string(k) + "]";
-      r.object = o.identity;
+  const std::vector<c10::IValue>& slots = obj.slots();
+  if (!slots.empty() && slots[0].isCapsule()) o.payload = slots[0].internalToPointer();
+  return o;
+}
+
+// The tensors a record reads from the object `v`: `on_read(tensor, index)`
+// for each it reports on two calls in a row on the same plain storage, with
+// its index among the reported ones. Returns where they came from (null if
+// the object cannot report).
+template <typename OnRead>
+const char* for_each_object_read(const c10::IValue& v, OnRead&& on_read) {
+  const ReportedTensors first = reported_tensors(v);
+  if (first.source == nullptr || first.tensors.empty()) return first.source;
+  const std::vector<at::Tensor> second = reported_tensors(v).tensors;
+  for (size_t k = 0; k < first.tensors.size() && k < second.size(); ++k) {
+    const at::Tensor& t = first.tensors[k];
+    if (has_plain_storage(t) && has_plain_storage(second[k]) &&
+        t.storage().unsafeGetStorageImpl() == second[k].storage().unsafeGetStorageImpl()) {
+      on_read(t, static_cast<int>(k));
     }
   }
+  return first.source;
+}
+
+}  // namespace
+
+void ReadTrace::add_object(OpCall& call, const c10::IValue& v, int arg,
+                           const c10::Argument& schema_arg) {
+  ObjectRead o = object_at(v, arg);
+  o.arg_name = schema_arg.name();
+  o.class_name = short_class_name(v.toObjectRef());
+  objects_seen_.push_back(v);
+  const size_t first_read = call.reads.size();
+  const char* source = for_each_object_read(v, [&](const at::Tensor& t, int k) {
+    TensorRead& r = call.reads.emplace_back();
+    fill_read(r, t, arg, k, /*part=*/nullptr, schema_arg);
+    r.object = o.identity;
+  });
+  for (size_t j = first_read; j < call.reads.size(); ++j) {
+    TensorRead& r = call.reads[j];
+    r.arg_name = o.arg_name + "." + source + "[" + std::to_string(r.element) + "]";
+  }
   call.objects.push_back(std::move(o));
+}
+
+bool ReadTrace::match_object(const ObjectRead& expected, const c10::IValue& object, int arg,
+                             c10::function_ref<void(const at::Tensor&, int)> on_read) {
+  const ObjectRead o = object_at(object, arg);
+  if (o.arg != expected.arg || !same_object(expected, o)) return false;
+  for_each_object_read(object, on_read);
+  return true;
 }
 
 // Note [Holding runs no op]

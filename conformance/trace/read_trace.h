@@ -122,6 +122,7 @@
 #include <ATen/core/ivalue.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/ArrayRef.h>
+#include <c10/util/FunctionRef.h>
 #include <c10/util/SmallVector.h>
 #include <c10/util/flat_hash_map.h>
 
@@ -233,6 +234,11 @@ class ReadTrace {
     /// for a trace whose hook knows most callees (known_callees): until then
     /// no op of the thread pays for the observer.
     bool names_on_demand = false;
+    /// Records to make room for up front. A record moved when the list grows
+    /// copies its reads: a trace that keeps every call of a forward (a
+    /// capture) makes room for a forward's worth; one whose hook drops most
+    /// records (a checking retrace) for none.
+    size_t expected_records = 32;
   };
 
   ReadTrace() : ReadTrace(Options{}) {}
@@ -277,6 +283,15 @@ class ReadTrace {
     }
     return classify_first_sight(t, impl);
   }
+
+  /// For a hook's skip(): whether the opaque object `object`, handed as
+  /// argument `arg` of the call being decided, is the object `expected`
+  /// (same arg, same_object) and, if so, `on_read(tensor, index)` for every
+  /// tensor a record would read from it, in the record's order (the ones it
+  /// reports alike on two calls, with their index among those it reports).
+  /// Asks the object as a record does (object_tensors.h).
+  bool match_object(const ObjectRead& expected, const c10::IValue& object, int arg,
+                    c10::function_ref<void(const at::Tensor&, int)> on_read);
 
   /// Called by the dispatcher fallback for `tls_innermost`; not for users.
   static void dispatch(ReadTrace* innermost, const c10::OperatorHandle& op, c10::DispatchKeySet ks,

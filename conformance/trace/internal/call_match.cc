@@ -157,7 +157,9 @@ bool same_call(const OpCall& a, const OpCall& b) {
 }
 
 // The skip path of a checking retrace (Note [A checking retrace] in
-// capture.cc): the same op name and depth, no opaque object, every tensor
+// capture.cc): the same op name and depth, every opaque object the captured
+// one (as match_object tells, with the tensors it reports read like
+// arguments), every tensor
 // read from the same argument and element, as external as it was (by the
 // caller's classifier, which classifies a storage seen for the first time by
 // the rule a record uses) and not provisionally, and, if external, at the
@@ -167,9 +169,9 @@ bool same_call(const OpCall& a, const OpCall& b) {
 // would give.
 bool is_expected_call(const OpCall& expected, int depth, const c10::FunctionSchema& schema,
                       const c10::IValue* args, size_t num_args, ClassifyArgument classify,
-                      bool* callees_alike) {
+                      MatchObject match_object, bool* callees_alike) {
   if (callees_alike != nullptr) *callees_alike = false;
-  if (expected.depth != depth || !expected.objects.empty()) return false;
+  if (expected.depth != depth || (!expected.objects.empty() && !match_object)) return false;
   if (num_args == 0 && !schema.arguments().empty()) {
     // Arguments unknown: a nested call is recorded without reads.
     return depth > 0 && expected.reads.empty() && is_name_of(expected.name, schema);
@@ -180,17 +182,27 @@ bool is_expected_call(const OpCall& expected, int depth, const c10::FunctionSche
   // layout is compared only for callees_alike.
   bool layouts = callees_alike != nullptr && expected.callees_named;
   size_t j = 0;
-  for_each_read(
-      args, num_args,
-      [&](const at::Tensor& t, int arg, int element, const SparsePart* part) {
-        same = same && j < expected.reads.size() &&
-               is_expected_read(expected.reads[j], t, arg, element, part, classify);
-        layouts =
-            layouts && same && (expected.reads[j].external || expected.reads[j].is_layout_of(t));
-        ++j;
-      },
-      [&](const c10::IValue&, int) { same = false; });  // an object: recorded in full
-  if (!same || j != expected.reads.size()) return false;
+  size_t objects = 0;
+  auto read = [&](const at::Tensor& t, int arg, int element, const SparsePart* part) {
+    same = same && j < expected.reads.size() &&
+           is_expected_read(expected.reads[j], t, arg, element, part, classify);
+    layouts = layouts && same && (expected.reads[j].external || expected.reads[j].is_layout_of(t));
+    ++j;
+  };
+  for_each_read(args, num_args, read, [&](const c10::IValue& object, int arg) {
+    // An object's reads follow its argument's place in the record; without
+    // a matcher, the call is recorded in full.
+    layouts = false;
+    if (!same || !match_object || objects == expected.objects.size()) {
+      same = false;
+      return;
+    }
+    if (!match_object(expected.objects[objects++], object, arg,
+                      [&](const at::Tensor& t, int index) { read(t, arg, index, nullptr); })) {
+      same = false;
+    }
+  });
+  if (!same || j != expected.reads.size() || objects != expected.objects.size()) return false;
   if (depth > 0) {
     if (layouts) {
       const std::optional<uint64_t> constants = fingerprint_of(args, num_args);

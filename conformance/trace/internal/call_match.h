@@ -61,11 +61,23 @@ bool same_call(const OpCall& captured, const OpCall& retraced);
 /// read_trace.cc).
 using ClassifyArgument = c10::function_ref<std::optional<bool>(const at::Tensor&)>;
 
+/// How a caller of is_expected_call() tells an opaque object argument
+/// (`object`, argument `arg`) against the captured `expected`: false if it
+/// is not that object; else true, after `on_read(tensor, index)` for every
+/// tensor a record would read from it, in the record's order
+/// (ReadTrace::match_object). Asking an object runs its code: that is the
+/// caller's, not this file's.
+using MatchObject =
+    c10::function_ref<bool(const ObjectRead& expected, const c10::IValue& object, int arg,
+                           c10::function_ref<void(const at::Tensor&, int)> on_read)>;
+
 /// Whether a call of `schema` at `depth` with `args[0..num_args)` would be
 /// recorded as a call same_call() to `expected`, told from the arguments
 /// without a record. False also where that cannot be told cheaply: an opaque
-/// object, a tensor without a plain storage, a provisional classification,
-/// a top-level call whose arguments are unknown. A nested call whose
+/// object when `match_object` is null, a tensor without a plain storage, a
+/// provisional classification, a top-level call whose arguments are
+/// unknown. An object's reads are told like the call's own, each from the
+/// object's argument and its index among the object's reads. A nested call whose
 /// arguments are unknown (`num_args` 0 for a schema with arguments) is
 /// recorded without reads, and is the expected call where that one has
 /// none either (is_expected_named_call). `classify` may classify a storage
@@ -81,7 +93,7 @@ using ClassifyArgument = c10::function_ref<std::optional<bool>(const at::Tensor&
 /// wherever the answer above is.
 bool is_expected_call(const OpCall& expected, int depth, const c10::FunctionSchema& schema,
                       const c10::IValue* args, size_t num_args, ClassifyArgument classify,
-                      bool* callees_alike = nullptr);
+                      MatchObject match_object = nullptr, bool* callees_alike = nullptr);
 
 /// Whether a nested call (`depth` > 0) known by its name only (Note [Inside
 /// an ATen op] in read_trace.cc), which is recorded without reads or

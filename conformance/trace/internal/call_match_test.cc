@@ -13,6 +13,8 @@
 #include <ATen/ops/randn.h>
 #include <c10/core/ScalarType.h>
 #include <gtest/gtest.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
 
 #include <functional>
 #include <limits>
@@ -204,6 +206,73 @@ TEST(CallMatch, TheSkipPathSaysNoWhereItCannotTell) {
       << "another op";
 }
 
+// A kernel object that reports its weight, handed to its op.
+struct Kernel : torch::CustomClassHolder {
+  at::Tensor weight = at::randn({4, 4});
+};
+
+TORCH_LIBRARY(reloadsafe_call_match_test, m) {
+  m.class_<Kernel>("Kernel").def("unpack",
+                                 [](const c10::intrusive_ptr<Kernel>& k) { return k->weight; });
+  m.def(
+      "kernel_mm(Tensor x, __torch__.torch.classes.reloadsafe_call_match_test.Kernel k) -> Tensor",
+      [](const at::Tensor& x, const c10::intrusive_ptr<Kernel>& k) {
+        return at::mm(x, k->weight);
+      });
+}
+
+// An object argument is told through the caller's matcher: the call is the
+// expected one only where the matcher takes the object and hands over, in
+// the record's order, exactly the reads the record has from it.
+TEST(CallMatch, AnObjectIsToldThroughTheMatcherAndTheReadsItHandsOver) {
+  const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("reloadsafe_call_match_test::kernel_mm", "");
+  const c10::intrusive_ptr<Kernel> kernel = c10::make_intrusive<Kernel>();
+  const at::Tensor x = at::randn({2, 4});
+  const std::vector<c10::IValue> args = {x, c10::IValue(kernel)};
+  const OpCall captured = record([&] {
+    torch::jit::Stack stack = args;
+    op.callBoxed(stack);
+  });
+  ASSERT_EQ(captured.objects.size(), 1u);
+  ASSERT_EQ(captured.reads.size(), 2u) << "x, and the weight the object reports";
+  auto external = [](const at::Tensor&) -> std::optional<bool> { return true; };
+  struct Case {
+    const char* what;
+    bool is_the_object;
+    std::vector<std::pair<at::Tensor, int>> reads;  // handed over, with their index
+    bool expected;
+  };
+  const at::Tensor w = kernel->weight;
+  const std::vector<Case> cases = {
+      {"the object, its weight where it was", true, {{w, 0}}, true},
+      {"another object", false, {}, false},
+      {"the object, its weight elsewhere", true, {{w.clone(), 0}}, false},
+      {"the object, reporting nothing", true, {}, false},
+      {"the object, reporting one more", true, {{w, 0}, {w, 1}}, false},
+      {"the object, its weight at another index", true, {{w, 1}}, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    int asked = 0;
+    auto match = [&](const ObjectRead& expected, const c10::IValue& object, int arg,
+                     c10::function_ref<void(const at::Tensor&, int)> on_read) {
+      ++asked;
+      EXPECT_EQ(&expected, &captured.objects[0]);
+      EXPECT_EQ(&object.toObjectRef(), &args[1].toObjectRef());
+      EXPECT_EQ(arg, 1);
+      if (!c.is_the_object) return false;
+      for (const auto& [t, index] : c.reads) on_read(t, index);
+      return true;
+    };
+    EXPECT_EQ(is_expected_call(captured, 0, op.schema(), args.data(), args.size(), external, match),
+              c.expected);
+    EXPECT_EQ(asked, 1);
+  }
+  EXPECT_FALSE(is_expected_call(captured, 0, op.schema(), args.data(), args.size(), external))
+      << "without a matcher, an object is recorded in full";
+}
+
 // The last top-level op `fn` makes, recorded as a capture records it: an
 // ATen op's callees by name (OpCall::callees_named).
 OpCall record_naming_callees(const std::function<void()>& fn) {
@@ -282,7 +351,7 @@ TEST(CallMatch, CalleesAreAlikeOnlyWhereEverythingThatChoosesThemIs) {
     SCOPED_TRACE(c.what);
     bool alike = true;
     EXPECT_EQ(is_expected_call(c.captured, c.depth, c.op.schema(), c.args.data(), c.args.size(),
-                               classify, &alike),
+                               classify, nullptr, &alike),
               c.expected);
     EXPECT_EQ(alike, c.alike);
   }

@@ -10,8 +10,11 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
-#include <cstring>
+#include <atomic>
+#include <cstdint>
+#include <memory>
 #include <mutex>
+#include <string_view>
 #include <unordered_map>
 
 namespace reloadsafe::trace {
@@ -20,11 +23,83 @@ namespace {
 struct ObjectTensorRegistry {
   std::mutex mutex;
   std::unordered_map<std::string, ObjectTensors> by_class;
+  // Raised by every registration: a class resolved before it is resolved
+  // again (Note [A class resolved once]).
+  std::atomic<uint64_t> version{0};
 };
 
 ObjectTensorRegistry& object_tensor_registry() {
   static auto* registry = new ObjectTensorRegistry();  // never freed: used from static destructors
   return *registry;
+}
+
+constexpr std::string_view kTorchBindPrefix = "__torch__.torch.classes.";
+
+// How objects of one class report their tensors: a registered function, else
+// the class's one-argument unpack(), else not at all (both empty).
+// Copied per call: the function is shared, not copied.
+struct ClassReport {
+  std::shared_ptr<const ObjectTensors> fn;
+  torch::jit::Function* unpack = nullptr;
+};
+
+std::string short_name_of(const c10::ClassType& type) {
+  std::string name = type.name() ? type.name()->qualifiedName() : type.str();
+  if (name.rfind(kTorchBindPrefix, 0) == 0) name = name.substr(kTorchBindPrefix.size());
+  return name;
+}
+
+ClassReport resolve(const c10::ClassType& type) {
+  ClassReport report;
+  {
+    ObjectTensorRegistry& registry = object_tensor_registry();
+    std::lock_guard<std::mutex> lock(registry.mutex);
+    // The short name's function wins where both are registered.
+    for (const std::string& key : {type.str(), short_name_of(type)}) {
+      auto it = registry.by_class.find(key);
+      if (it != registry.by_class.end())
+        report.fn = std::make_shared<const ObjectTensors>(it->second);
+    }
+  }
+  if (report.fn) return report;
+  torch::jit::Function* unpack = type.findMethod("unpack");
+  if (unpack != nullptr && unpack->getSchema().arguments().size() == 1) report.unpack = unpack;
+  return report;
+}
+
+// Note [A class resolved once]
+// A trace asks a kernel object for its tensors at every call that hands it
+// over, twice (add_object in read_trace.cc): on a forward of small ops that
+// was a fifth of what a retrace added (harness_bench, a TorchBind kernel
+// handed to a custom op). How a TorchBind class reports is therefore found
+// once per class and thread, and found again after any registration. Only
+// TorchBind classes are kept: their types and methods live for the process,
+// while a TorchScript class's methods belong to a compilation unit that may
+// go away; those are resolved at every call.
+struct CachedClass {
+  c10::ClassTypePtr type;  // held: the entry stays this class's
+  uint64_t version = 0;
+  ClassReport report;
+};
+
+ClassReport class_report(const c10::ivalue::Object& obj) {
+  c10::ClassTypePtr type = obj.type();
+  const uint64_t version = object_tensor_registry().version.load(std::memory_order_acquire);
+  thread_local std::vector<CachedClass> cache;
+  for (CachedClass& c : cache) {
+    if (c.type != type) continue;
+    if (c.version != version) {
+      c.report = resolve(*type);
+      c.version = version;
+    }
+    return c.report;
+  }
+  ClassReport report = resolve(*type);
+  constexpr size_t kCachedClasses = 16;  // a forward hands a few kernel classes
+  if (type->str().rfind(kTorchBindPrefix, 0) == 0 && cache.size() < kCachedClasses) {
+    cache.push_back(CachedClass{std::move(type), version, report});
+  }
+  return report;
 }
 
 }  // namespace
@@ -35,34 +110,22 @@ void register_object_tensors(const std::string& class_name, ObjectTensors fn) {
   ObjectTensorRegistry& registry = object_tensor_registry();
   std::lock_guard<std::mutex> lock(registry.mutex);
   registry.by_class[class_name] = std::move(fn);
+  registry.version.fetch_add(1, std::memory_order_release);
 }
 
 std::string short_class_name(const c10::ivalue::Object& obj) {
-  std::string name = obj.type()->name() ? obj.type()->name()->qualifiedName() : obj.type()->str();
-  constexpr const char* kPrefix = "__torch__.torch.classes.";
-  if (name.rfind(kPrefix, 0) == 0) name = name.substr(std::strlen(kPrefix));
-  return name;
+  return short_name_of(*obj.type());
 }
 
 ReportedTensors reported_tensors(const c10::IValue& object) {
   ReportedTensors out;
   try {
     c10::impl::ExcludeDispatchKeyGuard off(kTraceKey);
-    const c10::ivalue::Object& obj = object.toObjectRef();
-    ObjectTensors fn;
-    {
-      ObjectTensorRegistry& registry = object_tensor_registry();
-      std::lock_guard<std::mutex> lock(registry.mutex);
-      for (const std::string& key : {obj.type()->str(), short_class_name(obj)}) {
-        auto it = registry.by_class.find(key);
-        if (it != registry.by_class.end()) fn = it->second;
-      }
-    }
-    if (fn) return {fn(object), "tensors"};
-    torch::jit::Function* unpack = obj.type()->findMethod("unpack");
-    if (unpack == nullptr || unpack->getSchema().arguments().size() != 1) return out;
+    const ClassReport report = class_report(object.toObjectRef());
+    if (report.fn) return {(*report.fn)(object), "tensors"};
+    if (report.unpack == nullptr) return out;
     torch::jit::Stack stack{object};
-    unpack->run(stack);
+    report.unpack->run(stack);
     std::function<void(const c10::IValue&)> collect = [&](const c10::IValue& v) {
       if (v.isTensor()) {
         out.tensors.push_back(v.toTensor());

@@ -5,6 +5,9 @@
 // them so they are checked like any read: through a function registered for
 // the object's class, else the class's `unpack()` method.
 //
+// How a TorchBind class reports is found once per class and thread, and again
+// after any registration (Note [A class resolved once] in object_tensors.cc).
+//
 // Invariant: asking an object runs with the trace's key excluded (nothing it
 // runs is recorded), never throws, and changes nothing in the object a
 // well-behaved unpack() does not change.

@@ -14,6 +14,7 @@
 
 #include <functional>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -37,6 +38,7 @@ struct RegisteredQualified : Held {};
 struct RegisteredOverUnpack : Held {};
 struct RegisteredThrows : Held {};
 struct RecordsTheTraceKey : Held {};
+struct RegisteredLater : Held {};
 
 // Whether the trace's key was excluded when RecordsTheTraceKey's unpack ran.
 bool g_key_excluded_in_unpack = false;
@@ -66,6 +68,8 @@ TORCH_LIBRARY(reloadsafe_object_tensors_test, m) {
   m.class_<RegisteredOverUnpack>("RegisteredOverUnpack")
       .def("unpack", [](const c10::intrusive_ptr<RegisteredOverUnpack>& self) { return self->a; });
   m.class_<RegisteredThrows>("RegisteredThrows");
+  m.class_<RegisteredLater>("RegisteredLater")
+      .def("unpack", [](const c10::intrusive_ptr<RegisteredLater>& self) { return self->a; });
   m.class_<RecordsTheTraceKey>("RecordsTheTraceKey")
       .def("unpack", [](const c10::intrusive_ptr<RecordsTheTraceKey>& self) {
         g_key_excluded_in_unpack = c10::impl::tls_is_dispatch_key_excluded(kTraceKey);
@@ -151,6 +155,30 @@ TEST_F(ObjectTensorsTest, EachWayAnObjectCanTellItsTensors) {
       EXPECT_TRUE(reported.tensors[k].is_same(expected[k])) << "tensor " << k;
     }
   }
+}
+
+// How a class reports is found once per class and thread (Note [A class
+// resolved once] in object_tensors.cc): a registration made after objects of
+// the class were asked still takes effect, on this thread and others.
+TEST_F(ObjectTensorsTest, ARegistrationAfterTheFirstAskTakesEffect) {
+  const Made made = make<RegisteredLater>()();
+  ReportedTensors reported = reported_tensors(made.object);
+  ASSERT_NE(reported.source, nullptr);
+  EXPECT_STREQ(reported.source, "unpack()");
+  EXPECT_EQ(reported.tensors.size(), 1u);
+  reported = reported_tensors(made.object);  // asked again: the class is known
+  EXPECT_STREQ(reported.source, "unpack()");
+  register_object_tensors("reloadsafe_object_tensors_test.RegisteredLater",
+                          both_of<RegisteredLater>());
+  reported = reported_tensors(made.object);
+  ASSERT_NE(reported.source, nullptr);
+  EXPECT_STREQ(reported.source, "tensors");
+  EXPECT_EQ(reported.tensors.size(), 2u);
+  std::thread other([&] {
+    const ReportedTensors there = reported_tensors(made.object);
+    EXPECT_STREQ(there.source != nullptr ? there.source : "(none)", "tensors");
+  });
+  other.join();
 }
 
 TEST_F(ObjectTensorsTest, AnObjectIsAskedWithTheTraceOff) {
