@@ -13,8 +13,9 @@
 // which both forms compare.
 //
 // Invariant: nothing here runs an op, touches a storage's bytes or keeps a
-// tensor; a storage is classified only through the classifier the caller
-// passes (the trace's own rule, read_trace.h).
+// tensor; a storage is classified and an opaque object asked for its
+// tensors only through the functions the caller passes (the trace's own
+// rules, read_trace.h).
 #pragma once
 
 #include "conformance/trace/trace_records.h"
@@ -76,9 +77,9 @@ using MatchObject =
 /// without a record. False also where that cannot be told cheaply: an opaque
 /// object when `match_object` is null, a tensor without a plain storage, a
 /// provisional classification, a top-level call whose arguments are
-/// unknown. An object's reads are told like the call's own, each from the
-/// object's argument and its index among the object's reads. A nested call whose
-/// arguments are unknown (`num_args` 0 for a schema with arguments) is
+/// unknown. An object's reads are told like the call's own, each by the
+/// object's argument and its index among the object's reads. A nested call
+/// whose arguments are unknown (`num_args` 0 for a schema with arguments) is
 /// recorded without reads, and is the expected call where that one has
 /// none either (is_expected_named_call). `classify` may classify a storage
 /// seen for the first time.
