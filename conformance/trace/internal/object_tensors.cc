@@ -69,10 +69,13 @@ ClassReport resolve(const c10::ClassType& type) {
 
 // Note [A class resolved once]
 // A trace asks a kernel object for its tensors at every call that hands it
-// over, twice (add_object in read_trace.cc): on a forward of small ops that
-// was a fifth of what a retrace added (harness_bench, a TorchBind kernel
-// handed to a custom op). How a TorchBind class reports is therefore found
-// once per class and thread, and found again after any registration. Only
+// over, twice (read_trace.cc: a record's rule). Finding how its class
+// reports each time (the registry under its lock, the class's names built
+// as strings, its method looked up) was, with the record of the call, about
+// a fifth of the time a retrace added to a forward of small ops
+// (harness_bench's BM_Forward, a TorchBind kernel handed to a custom op).
+// How a TorchBind class reports is therefore found once per class and
+// thread, and found again after any registration. Only
 // TorchBind classes are kept: their types and methods live for the process,
 // while a TorchScript class's methods belong to a compilation unit that may
 // go away; those are resolved at every call.
