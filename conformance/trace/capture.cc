@@ -407,9 +407,9 @@ std::vector<CapturedRead> CapturedForward::reads(const TensorNames& names, bool 
 // ReadTrace::match_object). Whatever that cannot tell (a tensor without a
 // plain storage, a provisional storage, any difference) is recorded as any
 // trace records it and then compared with same_call, so a call is dropped
-// only if its record would have been the expected one. The trace never lets a hook drop a
-// record that reads a storage whose classification is provisional (Note
-// [Inside or before the scope] in read_trace.cc). A forward that stayed put
+// only if its record would have been the expected one. The trace never lets
+// a hook drop a record that reads a storage whose classification is
+// provisional (Note [Inside or before the scope] in read_trace.cc). A forward that stayed put
 // then costs a retrace no record for most calls, and nothing to walk or free
 // afterwards.
 
@@ -455,11 +455,7 @@ bool CheckingRetrace::skip(ReadTrace& trace, size_t position, int depth,
   bool alike = false;
   const bool expected = is_expected_call(
       expected_[position], depth, schema, args.data(), args.size(),
-      [&](const at::Tensor& t) { return trace.classify_argument(t); },
-      [&](const ObjectRead& object, const c10::IValue& v, int arg,
-          c10::function_ref<void(const at::Tensor&, int)> on_read) {
-        return trace.match_object(object, v, arg, on_read);
-      },
+      [&](const at::Tensor& t) { return trace.classify_argument(t); }, &ReadTrace::match_object,
       knowable ? &alike : nullptr);
   if (alike) known_at_ = position;
   return expected;

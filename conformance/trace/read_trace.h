@@ -289,9 +289,10 @@ class ReadTrace {
   /// (same arg, same_object) and, if so, `on_read(tensor, index)` for every
   /// tensor a record would read from it, in the record's order (the ones it
   /// reports alike on two calls, with their index among those it reports).
-  /// Asks the object as a record does (object_tensors.h).
-  bool match_object(const ObjectRead& expected, const c10::IValue& object, int arg,
-                    c10::function_ref<void(const at::Tensor&, int)> on_read);
+  /// Asks the object as a record does (object_tensors.h); keeps nothing,
+  /// so any trace's hook may pass it to is_expected_call as it is.
+  static bool match_object(const ObjectRead& expected, const c10::IValue& object, int arg,
+                           c10::function_ref<void(const at::Tensor&, int)> on_read);
 
   /// Called by the dispatcher fallback for `tls_innermost`; not for users.
   static void dispatch(ReadTrace* innermost, const c10::OperatorHandle& op, c10::DispatchKeySet ks,

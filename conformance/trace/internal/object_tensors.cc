@@ -75,10 +75,10 @@ ClassReport resolve(const c10::ClassType& type) {
 // a fifth of the time a retrace added to a forward of small ops
 // (harness_bench's BM_Forward, a TorchBind kernel handed to a custom op).
 // How a TorchBind class reports is therefore found once per class and
-// thread, and found again after any registration. Only
-// TorchBind classes are kept: their types and methods live for the process,
-// while a TorchScript class's methods belong to a compilation unit that may
-// go away; those are resolved at every call.
+// thread, and found again after any registration. Only TorchBind classes
+// are kept: their types and methods live for the process, while a
+// TorchScript class's methods belong to a compilation unit that may go
+// away; those are resolved at every call.
 struct CachedClass {
   c10::ClassTypePtr type;  // held: the entry stays this class's
   uint64_t version = 0;
