@@ -409,9 +409,9 @@ std::vector<CapturedRead> CapturedForward::reads(const TensorNames& names, bool 
 // trace records it and then compared with same_call, so a call is dropped
 // only if its record would have been the expected one. The trace never lets
 // a hook drop a record that reads a storage whose classification is
-// provisional (Note [Inside or before the scope] in read_trace.cc). A forward that stayed put
-// then costs a retrace no record for most calls, and nothing to walk or free
-// afterwards.
+// provisional (Note [Inside or before the scope] in read_trace.cc). A
+// forward that stayed put then costs a retrace no record for most calls,
+// and nothing to walk or free afterwards.
 
 // Note [A retrace that knows an ATen op's callees]
 // A capture names the ops an ATen op calls through a RecordFunction
