@@ -19,10 +19,11 @@ literals. In a checkout the C++ files are found in the repository; an sdist
 carries them (and that table) under cpp/.
 
 Compilation runs in parallel through ninja: MAX_JOBS=N limits the jobs
-(torch.utils.cpp_extension reads it). The sources are compiled in batches of
-UNITY_BATCH, each batch one translation unit that includes its sources
-(see unity_batches()); RELOADSAFE_UNITY_BATCH=N sets the batch size, and 1
-compiles every source on its own.
+(torch.utils.cpp_extension reads it). The sources are compiled in batches,
+each batch one translation unit that includes its sources (see
+unity_batches()), as many batches as compile jobs run at once
+(unity_batch_size()); RELOADSAFE_UNITY_BATCH=N sets the batch size instead,
+and 1 compiles every source on its own.
 """
 from __future__ import annotations
 
@@ -47,13 +48,16 @@ EXTENSION_NAME = "reloadsafe._C"
 # debug information costs little more compile time than -O0 (measured with
 # g++ 12 over the listed sources).
 OPT_FLAGS = ["-O1", "-g0"]
-# Sources per translation unit. Every source includes LibTorch's and
-# pybind11's headers, and parsing them is most of a source's compile time: a
-# unity batch parses them once for all its sources. Batches of this size keep
-# ninja's jobs busy on a machine with many cores (measured 2026-12-06, two
-# cores, 66 sources in 10 units: the wheel for Python 3.10 and torch 2.11 in
-# 63 s, 162 s with each source its own unit).
-UNITY_BATCH = 8
+# Every source includes LibTorch's and pybind11's headers, and parsing them
+# is most of a source's compile time: a unity batch parses them once for all
+# its sources, so the fewer the batches the less the build's CPU time, down to
+# one batch per compile job that runs at once (fewer would leave a core idle).
+# Measured 2026-12-06 on two cores (AMD EPYC), the wheel for Python 3.10 and
+# torch 2.11, 68 sources, `pip wheel` of the sdist: batches of 8 (10 units)
+# 84-105 s, of 17 66 s, of 34 (two units and the one compiled alone) 58 s, of
+# 68 (one unit) 65 s; each source its own unit took 162 s on the same day.
+# The price is the rebuild after an edit, which compiles the edited source's
+# whole batch again.
 
 
 class BuildError(RuntimeError):
@@ -133,12 +137,26 @@ def cxx_standard(series: tuple[int, int], standards: list, aten_header: str = ""
     return chosen
 
 
-def unity_batch_size(env: dict) -> int:
-    """The batch size: RELOADSAFE_UNITY_BATCH from `env` (a positive integer),
-    else UNITY_BATCH."""
+def compile_jobs(env: dict) -> int:
+    """How many compiles ninja runs at once, as far as the CPU allows:
+    MAX_JOBS from `env` where it is a positive integer (torch's
+    cpp_extension hands it to ninja), else the cores this process may run on."""
+    value = env.get("MAX_JOBS", "")
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def unity_batch_size(env: dict, sources: int) -> int:
+    """The batch size for `sources` sources: RELOADSAFE_UNITY_BATCH from
+    `env` (a positive integer), else as many batches as compile_jobs() (the
+    sources divided among them, rounded up)."""
     value = env.get("RELOADSAFE_UNITY_BATCH", "")
     if not value:
-        return UNITY_BATCH
+        return max(1, -(-sources // compile_jobs(env)))
     if not value.isdigit() or int(value) < 1:
         raise BuildError(f"RELOADSAFE_UNITY_BATCH={value!r}: give a positive number of sources per "
                          "translation unit (1 compiles each source on its own)")
@@ -270,18 +288,22 @@ def torch_build_ext(cpp_extension, root: pathlib.Path) -> type:
                 aten = pathlib.Path(torch.__file__).parent / "include" / "ATen" / "ATen.h"
                 std = cxx_standard(series, standards, aten.read_text() if aten.exists() else "")
                 json = stable_copy(json_include(), pathlib.Path(self.build_temp) / "nlohmann_json")
-                batch = unity_batch_size(dict(os.environ))
             except BuildError as e:
                 raise SystemExit(f"reloadsafe: {e}") from None
             for ext in self.extensions:
                 count = len(ext.sources)
+                try:
+                    batch = unity_batch_size(dict(os.environ), count)
+                except BuildError as e:
+                    raise SystemExit(f"reloadsafe: {e}") from None
                 rel = [os.path.relpath(src, root) for src in ext.sources]
                 ext.sources = unity_batches(rel, root, pathlib.Path(self.build_temp) / "unity", batch)
                 ext.include_dirs.append(json)
                 ext.extra_compile_args["cxx"].append(f"-std={std}")
                 print(f"[reloadsafe] compiling {EXTENSION_NAME} against torch {torch.__version__} "
-                      f"with -std={std}: {count} sources in {len(ext.sources)} translation units "
-                      f"(RELOADSAFE_UNITY_BATCH={batch})", flush=True)
+                      f"with -std={std}: {count} sources in {len(ext.sources)} translation units of "
+                      f"up to {batch} (RELOADSAFE_UNITY_BATCH={batch}; {compile_jobs(dict(os.environ))} "
+                      "compile jobs at once)", flush=True)
             super().build_extensions()
 
         def get_source_files(self) -> list[str]:

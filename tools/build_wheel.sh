@@ -17,8 +17,9 @@
 #      setup.py import PYTHON's torch, and ninja compiles in parallel.
 # Needs a C++ compiler (g++ or clang++: C++17, C++20 for torch 2.14 and newer)
 # and PYTHON's headers. MAX_JOBS=N limits the compile jobs (default: ninja's,
-# the number of cores plus two); RELOADSAFE_UNITY_BATCH=N sets how many sources
-# share a translation unit (python/setup.py; 1: each its own). Prints the wheel's path last.
+# the number of cores plus two); the sources are compiled in one translation
+# unit per job (MAX_JOBS, else the cores), RELOADSAFE_UNITY_BATCH=N sets how
+# many sources share a unit instead (python/setup.py; 1: each its own). Prints the wheel's path last.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [ $# -eq 2 ] || { echo "usage: tools/build_wheel.sh PYTHON OUT_DIR" >&2; exit 2; }

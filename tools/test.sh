@@ -37,6 +37,10 @@
 #    newest: built by setuptools with no `bazel` on PATH (tools/build_wheel.sh,
 #    sdist then wheel), installed into a fresh environment, python/tests run
 #    there with -n 2. Areas `pip-py3.10-torch2.11`, `pip-py3.13-torch2.15`.
+#    The first builds as a user's machine would (one translation unit per
+#    core); the second compiles every source in one unit, so that a name two
+#    sources both define fails here, whichever sources a machine with another
+#    number of cores puts together.
 # The summary ends with the torch versions the tests recorded.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -94,12 +98,13 @@ newest_results+=(--junit "gpu-bundle=$bundle_xml")
 # --- end of 8 -------------------------------------------------------------------
 
 # --- 9: the installed package, without Bazel, on the oldest and newest Python ----
-for pair in "3.10 2.11" "3.13 2.15"; do
-  read -r py series <<<"$pair"
-  echo "[test] installed package: Python $py, torch $series (tools/pip_install_test.sh)"
+for stage in "3.10 2.11 " "3.13 2.15 1000"; do
+  read -r py series batch <<<"$stage"
+  echo "[test] installed package: Python $py, torch $series (tools/pip_install_test.sh${batch:+, RELOADSAFE_UNITY_BATCH=$batch})"
   pip_xml="$(dirname "$pytest_xml")/pip-py$py-torch$series.xml"
   pip_start=$SECONDS
-  tools/pip_install_test.sh "$py" "$series" "$pip_xml" || status=$?
+  RELOADSAFE_UNITY_BATCH="${batch:-${RELOADSAFE_UNITY_BATCH:-}}" tools/pip_install_test.sh "$py" "$series" "$pip_xml" ||
+    status=$?
   echo "[test] installed package on Python $py: $((SECONDS - pip_start)) s"
   newest_results+=(--pytest-xml "pip-py$py-torch$series=$pip_xml")
 done

@@ -175,7 +175,7 @@ def test_a_source_that_defines_ndebug_is_its_own_unit(setup_py, tmp_path):
 
 def test_every_listed_source_is_compiled_once(setup_py, tmp_path):
     sources = setup_py.extension_lists()["EXTENSION_SOURCES"]
-    units = setup_py.unity_batches(sources, REPO, tmp_path, setup_py.UNITY_BATCH)
+    units = setup_py.unity_batches(sources, REPO, tmp_path, 8)
     compiled: list[str] = []
     for unit in units:
         path = pathlib.Path(unit)
@@ -195,17 +195,32 @@ def test_a_batch_file_is_rewritten_only_when_its_sources_change(setup_py, tmp_pa
     assert '#include "c.cc"' in pathlib.Path(unit).read_text()
 
 
-@pytest.mark.parametrize("value, expected", [(None, 8), ("", 8), ("1", 1), ("12", 12)])
-def test_the_batch_size_comes_from_the_environment(setup_py, value, expected):
-    env = {} if value is None else {"RELOADSAFE_UNITY_BATCH": value}
-    assert setup_py.unity_batch_size(env) == expected
-    assert setup_py.UNITY_BATCH == 8
+@pytest.mark.parametrize("env, sources, expected", [
+    # As many batches as compile jobs: MAX_JOBS where it is set...
+    ({"MAX_JOBS": "2"}, 68, 34),
+    ({"MAX_JOBS": "3"}, 68, 23),
+    ({"MAX_JOBS": "1"}, 68, 68),
+    ({"MAX_JOBS": "100"}, 68, 1),
+    # ... else the cores this process may run on (below: len(affinity)).
+    ({}, 68, None),
+    ({"MAX_JOBS": "many"}, 68, None),
+    # RELOADSAFE_UNITY_BATCH chooses, whatever the jobs.
+    ({"RELOADSAFE_UNITY_BATCH": "1", "MAX_JOBS": "2"}, 68, 1),
+    ({"RELOADSAFE_UNITY_BATCH": "12"}, 68, 12),
+    ({"RELOADSAFE_UNITY_BATCH": ""}, 10, None),
+])
+def test_the_batch_size_divides_the_sources_among_the_compile_jobs(setup_py, env, sources, expected):
+    cores = len(os.sched_getaffinity(0))
+    if expected is None:
+        expected = -(-sources // cores)
+    assert setup_py.unity_batch_size(env, sources) == expected
+    assert setup_py.compile_jobs(env) == (int(env["MAX_JOBS"]) if env.get("MAX_JOBS", "").isdigit() else cores)
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "eight", "2.5"])
 def test_a_batch_size_that_is_not_a_positive_number_is_refused(setup_py, value):
     with pytest.raises(setup_py.BuildError, match="RELOADSAFE_UNITY_BATCH=.*positive number"):
-        setup_py.unity_batch_size({"RELOADSAFE_UNITY_BATCH": value})
+        setup_py.unity_batch_size({"RELOADSAFE_UNITY_BATCH": value}, 68)
 
 
 def test_the_backend_finds_the_environments_torch_outside_the_isolation(backend, monkeypatch):
