@@ -55,9 +55,8 @@ OPT_FLAGS = ["-O1", "-g0"]
 # Measured 2026-12-06 on two cores (AMD EPYC), the wheel for Python 3.10 and
 # torch 2.11, 68 sources, `pip wheel` of the sdist: batches of 8 (10 units)
 # 84-105 s, of 17 66 s, of 34 (two units and the one compiled alone) 58 s, of
-# 68 (one unit) 65 s; each source its own unit took 162 s on the same day.
-# The price is the rebuild after an edit, which compiles the edited source's
-# whole batch again.
+# 68 (one unit) 65 s. The price is the rebuild after an edit, which compiles
+# the edited source's whole batch again.
 
 
 class BuildError(RuntimeError):
@@ -302,8 +301,8 @@ def torch_build_ext(cpp_extension, root: pathlib.Path) -> type:
                 ext.extra_compile_args["cxx"].append(f"-std={std}")
                 print(f"[reloadsafe] compiling {EXTENSION_NAME} against torch {torch.__version__} "
                       f"with -std={std}: {count} sources in {len(ext.sources)} translation units of "
-                      f"up to {batch} (RELOADSAFE_UNITY_BATCH={batch}; {compile_jobs(dict(os.environ))} "
-                      "compile jobs at once)", flush=True)
+                      f"up to {batch} sources, {compile_jobs(dict(os.environ))} compile jobs at once "
+                      "(RELOADSAFE_UNITY_BATCH=N sets the sources per unit)", flush=True)
             super().build_extensions()
 
         def get_source_files(self) -> list[str]:
