@@ -136,26 +136,55 @@ def cxx_standard(series: tuple[int, int], standards: list, aten_header: str = ""
     return chosen
 
 
-def compile_jobs(env: dict) -> int:
-    """How many compiles ninja runs at once, as far as the CPU allows:
-    MAX_JOBS from `env` where it is a positive integer (torch's
-    cpp_extension hands it to ninja), else the cores this process may run on."""
+CGROUP_ROOT = pathlib.Path("/sys/fs/cgroup")
+
+
+def cgroup_cpu_limit(root: pathlib.Path = CGROUP_ROOT) -> int | None:
+    """The CPUs a cgroup quota lets this process use, rounded up (a container
+    started with --cpus=2 on a machine of 64 cores: 2), or None where no quota
+    is set: cgroup v2's cpu.max ("max" or "QUOTA PERIOD"), else cgroup v1's
+    cpu/cpu.cfs_quota_us (-1: none) over cpu/cpu.cfs_period_us."""
+    try:
+        fields = (root / "cpu.max").read_text().split()
+    except OSError:
+        fields = None
+    try:
+        if fields is not None:
+            if len(fields) != 2 or fields[0] == "max":
+                return None
+            quota, period = int(fields[0]), int(fields[1])
+        else:
+            quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+            period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    if quota <= 0 or period <= 0:
+        return None
+    return max(1, -(-quota // period))
+
+
+def compile_jobs(env: dict, cgroup_root: pathlib.Path = CGROUP_ROOT) -> int:
+    """How many compiles can run at once: MAX_JOBS from `env` where it is a
+    positive integer (torch's cpp_extension hands it to ninja), else the cores
+    this process may run on, fewer where a cgroup quota allows fewer."""
     value = env.get("MAX_JOBS", "")
     if value.isdigit() and int(value) > 0:
         return int(value)
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
+        cores = os.cpu_count() or 1
+    limit = cgroup_cpu_limit(cgroup_root)
+    return max(1, min(cores, limit) if limit else cores)
 
 
-def unity_batch_size(env: dict, sources: int) -> int:
-    """The batch size for `sources` sources: RELOADSAFE_UNITY_BATCH from
-    `env` (a positive integer), else as many batches as compile_jobs() (the
-    sources divided among them, rounded up)."""
+def unity_batch_size(env: dict, sources: int, jobs: int) -> int:
+    """The batch size for `sources` sources compiled `jobs` at once
+    (compile_jobs()): RELOADSAFE_UNITY_BATCH from `env` (a positive integer),
+    else the sources divided among as many batches as jobs, rounded up."""
     value = env.get("RELOADSAFE_UNITY_BATCH", "")
     if not value:
-        return max(1, -(-sources // compile_jobs(env)))
+        return max(1, -(-sources // jobs))
     if not value.isdigit() or int(value) < 1:
         raise BuildError(f"RELOADSAFE_UNITY_BATCH={value!r}: give a positive number of sources per "
                          "translation unit (1 compiles each source on its own)")
@@ -291,8 +320,9 @@ def torch_build_ext(cpp_extension, root: pathlib.Path) -> type:
                 raise SystemExit(f"reloadsafe: {e}") from None
             for ext in self.extensions:
                 count = len(ext.sources)
+                jobs = compile_jobs(dict(os.environ))
                 try:
-                    batch = unity_batch_size(dict(os.environ), count)
+                    batch = unity_batch_size(dict(os.environ), count, jobs)
                 except BuildError as e:
                     raise SystemExit(f"reloadsafe: {e}") from None
                 rel = [os.path.relpath(src, root) for src in ext.sources]
@@ -301,7 +331,7 @@ def torch_build_ext(cpp_extension, root: pathlib.Path) -> type:
                 ext.extra_compile_args["cxx"].append(f"-std={std}")
                 print(f"[reloadsafe] compiling {EXTENSION_NAME} against torch {torch.__version__} "
                       f"with -std={std}: {count} sources in {len(ext.sources)} translation units of "
-                      f"up to {batch} sources, {compile_jobs(dict(os.environ))} compile jobs at once "
+                      f"up to {batch} sources for {jobs} compile jobs at once "
                       "(RELOADSAFE_UNITY_BATCH=N sets the sources per unit)", flush=True)
             super().build_extensions()
 

@@ -195,32 +195,58 @@ def test_a_batch_file_is_rewritten_only_when_its_sources_change(setup_py, tmp_pa
     assert '#include "c.cc"' in pathlib.Path(unit).read_text()
 
 
-@pytest.mark.parametrize("env, sources, expected", [
-    # As many batches as compile jobs: MAX_JOBS where it is set...
-    ({"MAX_JOBS": "2"}, 68, 34),
-    ({"MAX_JOBS": "3"}, 68, 23),
-    ({"MAX_JOBS": "1"}, 68, 68),
-    ({"MAX_JOBS": "100"}, 68, 1),
-    # ... else the cores this process may run on (below: len(affinity)).
-    ({}, 68, None),
-    ({"MAX_JOBS": "many"}, 68, None),
+@pytest.mark.parametrize("env, sources, jobs, expected", [
+    # As many batches as compile jobs, the sources divided among them.
+    ({}, 68, 2, 34),
+    ({}, 68, 3, 23),
+    ({}, 68, 1, 68),
+    ({}, 68, 100, 1),
+    ({"RELOADSAFE_UNITY_BATCH": ""}, 10, 4, 3),
     # RELOADSAFE_UNITY_BATCH chooses, whatever the jobs.
-    ({"RELOADSAFE_UNITY_BATCH": "1", "MAX_JOBS": "2"}, 68, 1),
-    ({"RELOADSAFE_UNITY_BATCH": "12"}, 68, 12),
-    ({"RELOADSAFE_UNITY_BATCH": ""}, 10, None),
+    ({"RELOADSAFE_UNITY_BATCH": "1"}, 68, 2, 1),
+    ({"RELOADSAFE_UNITY_BATCH": "12"}, 68, 2, 12),
 ])
-def test_the_batch_size_divides_the_sources_among_the_compile_jobs(setup_py, env, sources, expected):
+def test_the_batch_size_divides_the_sources_among_the_compile_jobs(setup_py, env, sources, jobs, expected):
+    assert setup_py.unity_batch_size(env, sources, jobs) == expected
+
+
+def _cgroup(tmp_path, files):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize("files, expected", [
+    ({"cpu.max": "200000 100000\n"}, 2),  # cgroup v2, --cpus=2
+    ({"cpu.max": "150000 100000\n"}, 2),  # 1.5 CPUs: rounded up
+    ({"cpu.max": "50000 100000\n"}, 1),
+    ({"cpu.max": "max 100000\n"}, None),  # no quota
+    ({"cpu.max": "garbled\n"}, None),
+    ({"cpu/cpu.cfs_quota_us": "300000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 3),  # cgroup v1
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+    ({}, None),  # no cgroup files at all
+])
+def test_a_cgroup_cpu_quota_is_read_from_v2_or_v1(setup_py, tmp_path, files, expected):
+    assert setup_py.cgroup_cpu_limit(_cgroup(tmp_path, files)) == expected
+
+
+@pytest.mark.parametrize("env, files, expected", [
+    ({"MAX_JOBS": "3"}, {"cpu.max": "100000 100000\n"}, 3),  # MAX_JOBS first
+    ({}, {"cpu.max": "100000 100000\n"}, 1),  # a quota below the cores
+    ({}, {"cpu.max": "max 100000\n"}, None),  # else the cores
+    ({"MAX_JOBS": "many"}, {}, None),
+    ({"MAX_JOBS": "0"}, {}, None),
+])
+def test_the_compile_jobs_are_max_jobs_else_the_cores_a_quota_allows(setup_py, tmp_path, env, files, expected):
     cores = len(os.sched_getaffinity(0))
-    if expected is None:
-        expected = -(-sources // cores)
-    assert setup_py.unity_batch_size(env, sources) == expected
-    assert setup_py.compile_jobs(env) == (int(env["MAX_JOBS"]) if env.get("MAX_JOBS", "").isdigit() else cores)
+    assert setup_py.compile_jobs(env, _cgroup(tmp_path, files)) == (cores if expected is None else expected)
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "eight", "2.5"])
 def test_a_batch_size_that_is_not_a_positive_number_is_refused(setup_py, value):
     with pytest.raises(setup_py.BuildError, match="RELOADSAFE_UNITY_BATCH=.*positive number"):
-        setup_py.unity_batch_size({"RELOADSAFE_UNITY_BATCH": value}, 68)
+        setup_py.unity_batch_size({"RELOADSAFE_UNITY_BATCH": value}, 68, 2)
 
 
 def test_the_backend_finds_the_environments_torch_outside_the_isolation(backend, monkeypatch):
