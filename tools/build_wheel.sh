@@ -19,8 +19,8 @@
 # and PYTHON's headers. MAX_JOBS=N limits the compile jobs (default: ninja's,
 # the number of cores plus two); the sources are compiled in one translation
 # unit per job (MAX_JOBS, else the cores, or the CPUs of a cgroup quota where
-# that is fewer), RELOADSAFE_UNITY_BATCH=N sets how
-# many sources share a unit instead (python/setup.py; 1: each its own). Prints the wheel's path last.
+# that is fewer); RELOADSAFE_UNITY_BATCH=N sets how many sources share a unit
+# instead (python/setup.py; 1: each its own). Prints the wheel's path last.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [ $# -eq 2 ] || { echo "usage: tools/build_wheel.sh PYTHON OUT_DIR" >&2; exit 2; }
