@@ -38,9 +38,9 @@
 #    sdist then wheel), installed into a fresh environment, python/tests run
 #    there with -n 2. Areas `pip-py3.10-torch2.11`, `pip-py3.13-torch2.15`.
 #    The first builds as a user's machine would (one translation unit per
-#    core); the second compiles every source in one unit, so that a name two
-#    sources both define fails here, whichever sources a machine with another
-#    number of cores puts together.
+#    compile job); the second compiles every source in one unit, so that a
+#    name two sources both define fails here, whichever sources a machine
+#    with another number of cores puts together.
 # The summary ends with the torch versions the tests recorded.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
