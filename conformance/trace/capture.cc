@@ -50,7 +50,9 @@ bool is_random(std::string_view op) {
 // Ops that hand a tensor's values to the host, or make a result whose
 // shape depends on them: the only way a forward's later ops can follow the
 // values it computed (Note [An op sequence that follows the weights] in
-// conformance/harness/protocol.cc). Matched as op name prefixes.
+// conformance/harness/forward_checks.cc). Matched as op name prefixes. The
+// last stands for a read no op makes (Note [A read of values no op makes]
+// in read_trace.h).
 constexpr std::string_view kValueReadingOps[] = {"aten::_local_scalar_dense",
                                                  "aten::item",
                                                  "aten::is_nonzero",
@@ -61,7 +63,8 @@ constexpr std::string_view kValueReadingOps[] = {"aten::_local_scalar_dense",
                                                  "aten::unique",
                                                  "aten::_unique",
                                                  "aten::bincount",
-                                                 "aten::repeat_interleave"};
+                                                 "aten::repeat_interleave",
+                                                 kHostReadOp};
 
 bool reads_values_on_the_host(std::string_view op) {
   return std::any_of(

@@ -758,6 +758,45 @@ TEST(CapturedForward, AnOpSequenceFollowsValuesOnlyAfterAValueReadOnTheHost) {
   EXPECT_FALSE(lazy_capture.follows_values(lazy_retrace, lazy_cold.ops()));
 }
 
+// Note [A read of values no op makes] in read_trace.h: a forward that reads
+// a value through its pointer, as Tensor.tolist() does, and routes by it
+// follows the values only where it notes that read; without the note no
+// read is seen before the changed op, as for work a reload moved.
+TEST(CapturedForward, AReadNoOpMakesCountsOnceItIsNoted) {
+  for (const bool noted : {true, false}) {
+    at::Tensor w = at::ones({4, 4});
+    const at::Tensor x = at::randn({2, 4});
+    auto routed = [&] {
+      const at::Tensor y = at::mm(x, w.t());
+      const at::Tensor total = at::sum(w);
+      if (noted) note_host_read(total);
+      return *total.const_data_ptr<float>() < 0 ? at::relu(y) : y;
+    };
+    CapturedForward capture(routed);
+    w.neg_();
+    CheckingRetrace retrace(capture);
+    routed();
+    retrace.stop();
+    ReadTrace cold(capture_trace_options());
+    routed();
+    cold.stop();
+    EXPECT_EQ(capture.follows_values(retrace, cold.ops()), noted) << "noted: " << noted;
+  }
+}
+
+TEST(NoteHostRead, IsRecordedAsAReadOfItsTensorAndChangesNothing) {
+  const at::Tensor t = at::arange(6, at::kFloat);
+  const at::Tensor before = t.clone();
+  ReadTrace trace;
+  note_host_read(t);
+  trace.stop();
+  ASSERT_EQ(trace.ops().size(), 1u);
+  EXPECT_EQ(trace.ops()[0].name, kHostReadOp);
+  ASSERT_EQ(trace.ops()[0].reads.size(), 1u);
+  EXPECT_EQ(trace.ops()[0].reads[0].data_ptr, t.const_data_ptr());
+  EXPECT_TRUE(at::equal(t, before));
+}
+
 // What a retrace alone may take from the capture (Note [A retrace that knows
 // an ATen op's callees] in capture.cc): the callees of an ATen op that is
 // the captured call and chooses its callees as it did. Each row changes

@@ -221,6 +221,20 @@ TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericMode, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&trace_fallback>());
 }
 
+// Note [A read of values no op makes] in the header. A fragment: the Python
+// module defines the library's other ops.
+TORCH_LIBRARY_FRAGMENT(reloadsafe, m) {
+  m.def("host_read(Tensor self) -> ()", [](const at::Tensor& /*self*/) {});
+}
+
+void note_host_read(const at::Tensor& t) {
+  static const c10::TypedOperatorHandle<void(const at::Tensor&)> op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow(kHostReadOp.data(), "")
+          .typed<void(const at::Tensor&)>();
+  op.call(t);
+}
+
 ReadTrace::ReadTrace(Options options) : options_(options) {
   ops_.reserve(options_.expected_records);
   // A forward reads a handful of storages: one table allocation, not a

@@ -213,6 +213,27 @@ void end_untraced();
 /// Whether the current thread is inside an untraced stretch.
 bool untraced();
 
+// Note [A read of values no op makes]
+// Code can read a tensor's values on the host without calling an op:
+// Python's Tensor.tolist() and Tensor.numpy() copy the bytes out in
+// PyTorch's C++ without the dispatcher, as a C++ kernel reading
+// const_data_ptr() does. A trace sees no op there, so a capture cannot tell
+// that the ops after such a read were chosen by values (Hugging Face's
+// JetMoE sizes its experts' splits with tolist()). kHostReadOp is an op that
+// computes nothing and stands for such a read: code that reads values
+// without an op calls note_host_read() first, a trace records the op with
+// its tensor as a read like any other, and a capture counts it among the
+// ops that read values. check_reload calls it for tolist() and numpy()
+// while it runs (python/reloadsafe/host_reads.py).
+
+/// The name of the op that stands for a read of values on the host made
+/// without an op.
+inline constexpr std::string_view kHostReadOp = "reloadsafe::host_read";
+
+/// Calls kHostReadOp on `t` (through the dispatcher, so a trace records it);
+/// it reads, writes and allocates nothing.
+void note_host_read(const at::Tensor& t);
+
 /// Records op calls on the current thread from construction until stop() or
 /// destruction. Not copyable or movable; stop it on the thread that made it.
 /// Traces on different threads are independent; a trace started while

@@ -22,6 +22,7 @@ from . import device_clean as _device_clean
 from ._loader import _C
 from .compiler import watch_compilations
 from .errors import ReloadCheckError
+from .host_reads import noting_host_reads
 from .layer_subject import (
     MODES,
     ForwardFn,
@@ -199,7 +200,8 @@ def check_reload(
         if own_sleep is not None:
             subject.own_sleep = own_sleep
         watch_compilations()  # torch.compile's compilations are not the forward's work
-        report = _C.run_subject(subject, options)
+        with noting_host_reads():  # a forward's tolist() is a read of values
+            report = _C.run_subject(subject, options)
         _raise_for_a_cold_load_that_failed(subject, report)
         if device_clean:
             _device_clean.probe(subject, subject.build_layer(), subject.draw_input(0))
