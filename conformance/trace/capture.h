@@ -53,6 +53,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace reloadsafe::trace {
@@ -245,6 +246,10 @@ class CapturedForward {
   /// replay gives up before it runs an op]); a capture never replayed pays
   /// nothing for it.
   mutable std::optional<std::string> unmade_read_;
+  /// Found with it: the storages an empty-like call made that code outside
+  /// the dispatcher filled, which a replay fills with the captured bytes
+  /// (Note [A replay gives up before it runs an op] in capture.cc).
+  mutable std::unordered_set<const c10::StorageImpl*> filled_outside_;
   mutable std::optional<bool> replays_through_;  // replays_through(), once found
 };
 

@@ -784,6 +784,55 @@ TEST(CapturedForward, AReadNoOpMakesCountsOnceItIsNoted) {
   }
 }
 
+// Note [A replay gives up before it runs an op]: memory an empty() made and
+// code outside the dispatcher filled (as torch.tensor(data) fills its new
+// tensor) is replayed with the bytes the capture read, through a view too;
+// memory an op filled is rebuilt by that op; memory written by an op after
+// it was read holds other bytes than the ones read, and is refused.
+TEST(CapturedForward, MemoryNoOpFilledIsReplayedWithTheBytesTheCaptureRead) {
+  struct Row {
+    const char* forward;
+    bool filled_by_an_op;
+    bool viewed_first;
+    bool written_after_the_read;
+  };
+  for (const Row& row :
+       {Row{"filled through its pointer", false, false, false},
+        Row{"filled through its pointer, read through a view", false, true, false},
+        Row{"filled by fill_", true, false, false},
+        Row{"filled by fill_ through a view", true, true, false},
+        Row{"filled through its pointer, then written by an op", false, false, true}}) {
+    const at::Tensor w = at::randn({4, 3});
+    auto forward = [&] {
+      at::Tensor index = at::empty({2}, at::kLong);
+      at::Tensor seen = row.viewed_first ? index.view({2}) : index;
+      if (row.filled_by_an_op) {
+        seen.fill_(1);
+      } else {
+        index.data_ptr<int64_t>()[0] = 1;  // no op: the trace sees nothing
+        index.data_ptr<int64_t>()[1] = 2;
+      }
+      at::Tensor out = at::index_select(w, 0, seen);
+      if (row.written_after_the_read) index.zero_();
+      return out;
+    };
+    const at::Tensor expected = forward();
+    CapturedForward capture(forward);
+    std::string why;
+    std::optional<at::Tensor> replayed;
+    for (int i = 0; i < 3; ++i) {  // fresh memory each time: not the capture's by chance
+      const at::Tensor other = at::full({64}, -7, at::kLong);  // memory in use meanwhile
+      replayed = capture.replay(&why);
+      if (!replayed) break;
+      EXPECT_TRUE(at::equal(*replayed, expected)) << row.forward;
+    }
+    EXPECT_EQ(replayed.has_value(), !row.written_after_the_read) << row.forward << ": " << why;
+    if (!replayed) {
+      EXPECT_NE(why.find("no longer the ones read"), std::string::npos) << why;
+    }
+  }
+}
+
 TEST(NoteHostRead, IsRecordedAsAReadOfItsTensorAndChangesNothing) {
   const at::Tensor t = at::arange(6, at::kFloat);
   const at::Tensor before = t.clone();

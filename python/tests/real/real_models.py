@@ -25,6 +25,7 @@ without them; ``need()`` skips a case whose library is missing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -275,6 +276,10 @@ class ModelCase:
         return kw
 
 
+def _bfloat16(arch: str) -> torch.nn.Module:
+    return build_dense(arch).to(torch.bfloat16)
+
+
 def _compiled(arch: str, backend: str) -> Callable[[], torch.nn.Module]:
     def make() -> torch.nn.Module:
         model = build_dense(arch)
@@ -301,6 +306,10 @@ def cases() -> list[ModelCase]:
         if arch in ROTARY:
             out.append(ModelCase(f"{arch}-rope_rebuilt", arch, dense, process=rebuild_rope,
                                  expected="model.rotary_emb.inv_freq"))
+    # bfloat16, the dtype engines serve in: the checkpoints are drawn in it
+    # and the outputs compared in it.
+    for arch in ("llama", "gpt2"):
+        out.append(ModelCase(f"{arch}-bf16", arch, functools.partial(_bfloat16, arch)))
     for backend in ("eager", "aot_eager", "inductor"):
         out += [
             ModelCase(f"llama-compiled-{backend}", "llama", _compiled("llama", backend)),
