@@ -133,14 +133,16 @@ KINDS: tuple[Kind, ...] = (
          "Reach it from the layer (an attribute), or declare it.", "the read trace", ("read but not declared",)),
     Kind("not-replayed", "not replayed", True,
          "The captured ops cannot be replayed (an op draws random numbers, code outside the dispatcher "
-         "made a tensor: Inductor's kernels); the live forward is still compared.",
+         "made a tensor: Inductor's kernels, or wrote one an op had read); the live forward is still "
+         "compared.",
          "torch.compile with Inductor; dropout in training mode.",
          "Nothing to fix in the layer; check a compiled forward with `backend=\"aot_eager\"` to trace "
          "every op (docs/real-code.md).", "the read trace", ("not replayed",)),
     Kind("ops-follow-weights", "ops follow the weights' values", True,
          "The forward's ops depend on the values it computes (an MoE loop over the experts that got "
          "tokens); a cold load runs the same ops. No graph can capture such a forward as one.",
-         "Hugging Face's eager MoE layers.", "Nothing to fix for the reload.", "the read trace",
+         "Hugging Face's eager MoE layers (the values read with `.item()`, `nonzero` or `tolist()`).",
+         "Nothing to fix for the reload.", "the read trace",
          ("ops follow the weights' values",)),
     Kind("built-aside", "layers built aside keep memory", True,
          "The layers the check builds aside (cold loads) stay alive: the factory or a library keeps "
