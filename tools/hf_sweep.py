@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""check_reload over many Hugging Face architectures, each reloaded the
+correct way (``load_state_dict`` into the model's own parameters): every one
+should pass. A maintainer's search for false alarms and errors on real code,
+not a test: the configs are tiny, built here without a download, and some
+architectures reject them (their own forward raises; the check says so).
+
+    PYTHONPATH=bazel-bin/python/package_site python tools/hf_sweep.py [--bf16] [ARCH ...]
+
+With no ARCH, every decoder-only architecture transformers maps to a causal
+LM. One line per architecture: ``ok``, the names flagged, ``error`` with the
+check's message, or ``refused`` where the model or its config raised before
+a check could start (not the check's finding). Exit status 1 if any
+architecture was flagged or ended in an error.
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import sys
+import time
+import warnings
+from typing import Any
+
+import torch
+
+VOCAB = 128
+SMALL = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+             pad_token_id=0, bos_token_id=0, eos_token_id=0)
+# What the common keys do not reach (other names, or sizes that must agree).
+EXTRA: dict[str, dict[str, Any]] = {
+    "gpt2": dict(n_embd=64, n_layer=2, n_head=4, n_positions=64),
+    "gptj": dict(n_embd=64, n_layer=2, n_head=4, n_positions=64, rotary_dim=8),
+    "codegen": dict(n_embd=64, n_layer=2, n_head=4, n_positions=64, rotary_dim=8),
+    "gpt_bigcode": dict(n_embd=64, n_layer=2, n_head=4, n_positions=64),
+    "bloom": dict(n_head=4, n_layer=2),
+    "mpt": dict(d_model=64, n_heads=4, n_layers=2, max_seq_len=64),
+    "opt": dict(ffn_dim=128, word_embed_proj_dim=64),
+    "xglm": dict(d_model=64, num_layers=2, attention_heads=4, ffn_dim=128),
+    "falcon": dict(num_kv_heads=2, new_decoder_architecture=True),
+    "gemma": dict(head_dim=16), "gemma2": dict(head_dim=16),
+    "gemma3_text": dict(head_dim=16, sliding_window=16),
+    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=16),
+    "olmoe": dict(num_experts=4, num_experts_per_tok=2),
+    "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2),
+    "phimoe": dict(num_local_experts=4, num_experts_per_tok=2),
+    "jetmoe": dict(kv_channels=16),
+    "deepseek_v3": dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                        first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8,
+                        qk_nope_head_dim=8, v_head_dim=16, n_group=1, topk_group=1),
+    "mamba": dict(state_size=8, expand=2, conv_kernel=4),
+    "recurrent_gemma": dict(head_dim=16, lru_width=64, attention_window_size=16,
+                            block_types=["recurrent", "attention"]),
+}
+# Encoder-decoder and encoder models transformers also maps to a causal LM:
+# their forward wants more than token ids.
+SKIP = {"bart", "bert", "bert-generation", "big_bird", "bigbird_pegasus", "blenderbot", "blenderbot-small",
+        "camembert", "data2vec-text", "electra", "ernie", "marian", "mbart", "megatron-bert", "mvp",
+        "pegasus", "plbart", "prophetnet", "rembert", "roberta", "roberta-prelayernorm", "roc_bert",
+        "roformer", "trocr", "whisper", "xlm", "xlm-roberta", "xlm-roberta-xl", "xlnet", "xmod"}
+
+
+def config(arch: str) -> Any:
+    import transformers as tf
+
+    cls = tf.CONFIG_MAPPING[arch]
+    accepted = inspect.signature(cls.__init__).parameters
+    kwargs = {k: v for k, v in SMALL.items() if k in accepted}
+    kwargs.update(EXTRA.get(arch, {}))
+    return cls(**kwargs)
+
+
+def sweep(arch: str, bf16: bool) -> tuple[str, bool]:
+    """One architecture's line, and whether it counts as a failure."""
+    import transformers as tf
+
+    from reloadsafe import ReloadCheckError, check_reload
+
+    try:
+        cfg = config(arch)
+
+        def build() -> torch.nn.Module:
+            torch.manual_seed(0)
+            model = tf.AutoModelForCausalLM.from_config(cfg).eval()
+            return model.to(torch.bfloat16) if bf16 else model
+
+        build()
+    except Exception as e:  # the model or its config, before any check
+        return f"refused  {type(e).__name__}: {str(e).splitlines()[0][:160]}", False
+    ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
+    start = time.perf_counter()
+    try:
+        report = check_reload(build, ids, reloads=3, name=arch,
+                              load=lambda m, ckpt: m.load_state_dict(ckpt, strict=False),
+                              forward=lambda m, x: m(x).logits)
+    except ReloadCheckError as e:
+        return f"refused  {str(e).splitlines()[0][:200]}", False
+    took = f"{time.perf_counter() - start:.1f} s"
+    if report.errors:
+        return f"error    {took}  {'; '.join(report.errors)[:200]}", True
+    if not report.ok:
+        return f"flagged  {took}  {', '.join(report.flagged)}", True
+    warned = {w["message"].split(" (")[0] for m in report.modes.values() for w in m["warnings"]}
+    return f"ok       {took}" + (f"  warned: {'; '.join(sorted(warned))}" if warned else ""), False
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("archs", nargs="*")
+    parser.add_argument("--bf16", action="store_true", help="the models in bfloat16")
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    archs = args.archs or [a for a in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES if a not in SKIP]
+    failed = 0
+    for arch in archs:
+        line, bad = sweep(arch, args.bf16)
+        failed += bad
+        print(f"{arch:24} {line}", flush=True)
+    print(f"{len(archs)} architectures, {failed} flagged or in error")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
