@@ -327,12 +327,21 @@ CapturedForward::CapturedForward(const std::function<at::Tensor()>& forward)
 // filled it, and the replay fills the new storage with the captured bytes
 // right after its empty(): what the capture read, as a graph holds a
 // constant. An op that writes such a storage later is refused, since the
-// captured bytes are then no longer the ones read.
+// captured bytes are then no longer the ones read. A factory that takes a
+// tensor for its sizes, dtype and device only (new_zeros, empty_like)
+// reads none of its values.
 namespace {
 bool allocates_unfilled(const c10::OperatorHandle& op) {
   const std::string& name = op.schema().name();
   return name == "aten::empty" || name == "aten::empty_strided" || name == "aten::empty_like" ||
          name == "aten::new_empty" || name == "aten::new_empty_strided";
+}
+bool reads_metadata_only(const c10::OperatorHandle& op) {
+  static const std::unordered_set<std::string> kFactories = {
+      "aten::empty_like",        "aten::zeros_like", "aten::ones_like",    "aten::full_like",
+      "aten::rand_like",         "aten::randn_like", "aten::randint_like", "aten::new_empty",
+      "aten::new_empty_strided", "aten::new_zeros",  "aten::new_ones",     "aten::new_full"};
+  return kFactories.count(op.schema().name()) > 0;
 }
 }  // namespace
 
@@ -345,7 +354,9 @@ std::string CapturedForward::find_unmade_read() const {
   filled_outside_.clear();
   for (const HeldCall& call : holder_->held()) {
     const std::vector<c10::Argument>& args = call.op.schema().arguments();
-    for (size_t i = 0; i < call.inputs.size(); ++i) {
+    const bool metadata_only =
+        !(unfilled.empty() && filled_outside_.empty()) && reads_metadata_only(call.op);
+    for (size_t i = 0; i < call.inputs.size() && !metadata_only; ++i) {
       if (unfilled.empty() && filled_outside_.empty()) break;
       const c10::AliasInfo* alias = i < args.size() ? args[i].alias_info() : nullptr;
       const bool writes = alias != nullptr && alias->isWrite();

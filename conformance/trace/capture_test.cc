@@ -795,16 +795,19 @@ TEST(CapturedForward, MemoryNoOpFilledIsReplayedWithTheBytesTheCaptureRead) {
     bool filled_by_an_op;
     bool viewed_first;
     bool written_after_the_read;
+    bool shape_taken_first = false;  // by new_zeros(): its sizes and dtype, no value
   };
   for (const Row& row :
        {Row{"filled through its pointer", false, false, false},
         Row{"filled through its pointer, read through a view", false, true, false},
         Row{"filled by fill_", true, false, false},
         Row{"filled by fill_ through a view", true, true, false},
+        Row{"filled by fill_ after new_zeros took its shape", true, false, false, true},
         Row{"filled through its pointer, then written by an op", false, false, true}}) {
     const at::Tensor w = at::randn({4, 3});
     auto forward = [&] {
       at::Tensor index = at::empty({2}, at::kLong);
+      if (row.shape_taken_first) index.new_zeros({2});
       at::Tensor seen = row.viewed_first ? index.view({2}) : index;
       if (row.filled_by_an_op) {
         seen.fill_(1);
