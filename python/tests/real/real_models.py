@@ -4,8 +4,8 @@ them, for python/tests/real/test_real_models.py and bench/check_bench.py.
 
 A ``ModelCase`` is one ``check_reload`` call: an architecture (Llama with
 tied embeddings, Qwen3, Qwen2-MoE, Mixtral, JetMoE, GPT-2), how the model is built
-(eager, ``model.compile()`` with a backend, torchao int8 weight-only, or
-bitsandbytes 4-bit / 8-bit linears), how a checkpoint is loaded and
+(eager in float32 or bfloat16, ``model.compile()`` with a backend, torchao int8
+weight-only, or bitsandbytes 4-bit / 8-bit linears), how a checkpoint is loaded and
 post-processed, and what must be flagged (None for a correct reload):
 
 - ``load_state_dict``: every tensor copied into the parameter it names, as
