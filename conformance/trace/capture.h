@@ -36,7 +36,10 @@
 // and a top-level op whose argument was made inside the forward without an
 // op (at::from_blob) cannot be rebuilt: replay() then says why and returns
 // nothing, before it runs any op (a replay that gives up writes nothing);
-// the address check stays the verdict.
+// the address check stays the verdict. Memory an empty-like op made and code
+// outside the dispatcher filled (torch.tensor(data)) is replayed with the
+// bytes the capture read, unless an op wrote it after that read (refused
+// likewise).
 #pragma once
 
 #include "conformance/trace/named_tensor.h"

@@ -21,6 +21,7 @@ on plain tensors only.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -43,15 +44,13 @@ def _plain(t: torch.Tensor) -> bool:
     return type(t).__torch_dispatch__ is torch.Tensor.__torch_dispatch__
 
 
-def _noting(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+def _noting(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
     def noted(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         if _plain(self):
             torch.ops.reloadsafe.host_read(self)
         return method(self, *args, **kwargs)
 
-    noted.__name__ = name
-    noted.__qualname__ = f"Tensor.{name}"
-    noted.__doc__ = method.__doc__
     return noted
 
 
@@ -65,7 +64,7 @@ def noting_host_reads() -> Iterator[None]:
         if _users == 0:
             for name in _METHODS:
                 _before[name] = torch.Tensor.__dict__.get(name)
-                setattr(torch.Tensor, name, _noting(name, getattr(torch.Tensor, name)))
+                setattr(torch.Tensor, name, _noting(getattr(torch.Tensor, name)))
         _users += 1
     try:
         yield
