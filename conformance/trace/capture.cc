@@ -5,6 +5,7 @@
 #include "conformance/trace/internal/call_match.h"
 #include "conformance/trace/internal/call_state.h"
 #include "conformance/trace/internal/op_arguments.h"
+#include "conformance/trace/internal/unfilled_memory.h"
 #include "conformance/trace/sparse_parts.h"
 
 #include <ATen/core/stack.h>
@@ -232,14 +233,17 @@ std::string TensorNames::label(const TensorRead& read) const {
 // and its results after, with the state it ran under.
 class CapturedForward::Holder final : public CallHook {
  public:
-  void top_level_begin(const ReadTrace& trace, c10::ArrayRef<c10::IValue> args) override {
+  void top_level_begin(const ReadTrace& trace, const c10::OperatorHandle& op,
+                       c10::ArrayRef<c10::IValue> args) override {
     inputs_.clear();
     inputs_.reserve(args.size());
     for (const c10::IValue& v : args) inputs_.push_back(hold_as_captured(trace, v));
+    unfilled_.before(op, args);
   }
 
   void top_level_end(const ReadTrace& /*trace*/, const c10::OperatorHandle& op,
                      c10::ArrayRef<c10::IValue> returns) override {
+    unfilled_.after(op, returns);
     held_.push_back(HeldCall{op, std::move(inputs_),
                              std::vector<c10::IValue>(returns.begin(), returns.end()),
                              CallState::current()});
@@ -247,6 +251,7 @@ class CapturedForward::Holder final : public CallHook {
   }
 
   const std::vector<HeldCall>& held() const { return held_; }
+  const UnfilledMemory& unfilled() const { return unfilled_; }
 
  private:
   // An external tensor is held as a new tensor object on the same storage
@@ -267,6 +272,7 @@ class CapturedForward::Holder final : public CallHook {
 
   std::vector<c10::IValue> inputs_;
   std::vector<HeldCall> held_;
+  UnfilledMemory unfilled_;
 };
 
 CapturedForward::CapturedForward(const std::function<at::Tensor()>& forward)
@@ -315,73 +321,15 @@ CapturedForward::CapturedForward(const std::function<at::Tensor()>& forward)
 // earlier top-level call. That walk runs once, at the first replay, which
 // refuses before it runs anything.
 //
-// Memory an allocation left for code outside the dispatcher to fill is
-// another case: torch.tensor(data) is an empty() that PyTorch fills from the
-// Python data with no op, then a to() (Hugging Face's GPT-2 indexes with such
-// a tensor). Replayed as it is, the empty() hands back whatever its new
-// memory holds, and the op that reads it computes from that, or raises (an
-// index out of bounds). So a storage an empty-like op made counts as
-// unfilled until an op writes it (its schema marks the argument written: an
-// in-place or out= op); where an op reads it first (neither writes it nor
-// aliases it, as a view or a no-op to() does), code outside the dispatcher
-// filled it, and the replay fills the new storage with the captured bytes
-// right after its empty(): what the capture read, as a graph holds a
-// constant. An op that writes such a storage later is refused, since the
-// captured bytes are then no longer the ones read. A factory that takes a
-// tensor for its sizes, dtype and device only (new_zeros, empty_like)
-// reads none of its values.
-namespace {
-bool allocates_unfilled(const c10::OperatorHandle& op) {
-  const std::string& name = op.schema().name();
-  return name == "aten::empty" || name == "aten::empty_strided" || name == "aten::empty_like" ||
-         name == "aten::new_empty" || name == "aten::new_empty_strided";
-}
-bool reads_metadata_only(const c10::OperatorHandle& op) {
-  static const std::unordered_set<std::string> kFactories = {
-      "aten::empty_like",        "aten::zeros_like", "aten::ones_like",    "aten::full_like",
-      "aten::rand_like",         "aten::randn_like", "aten::randint_like", "aten::new_empty",
-      "aten::new_empty_strided", "aten::new_zeros",  "aten::new_ones",     "aten::new_full"};
-  return kFactories.count(op.schema().name()) > 0;
-}
-}  // namespace
-
+// Memory an empty-like call made and code outside the dispatcher filled is
+// another case (unfilled_memory.h): torch.tensor(data)'s bytes the replay
+// fills in right after its empty(), as a graph holds a constant; anything
+// else so filled cannot be rebuilt, and the replay refuses.
 std::string CapturedForward::find_unmade_read() const {
   std::unordered_set<const c10::TensorImpl*> made;
   // Storages of made tensors: Note [A made tensor under another object].
   std::unordered_set<const c10::StorageImpl*> made_storages;
-  // Storages an empty-like op made that no op has written or read yet.
-  std::unordered_set<const c10::StorageImpl*> unfilled;
-  filled_outside_.clear();
   for (const HeldCall& call : holder_->held()) {
-    const std::vector<c10::Argument>& args = call.op.schema().arguments();
-    const bool metadata_only =
-        !(unfilled.empty() && filled_outside_.empty()) && reads_metadata_only(call.op);
-    for (size_t i = 0; i < call.inputs.size() && !metadata_only; ++i) {
-      if (unfilled.empty() && filled_outside_.empty()) break;
-      const c10::AliasInfo* alias = i < args.size() ? args[i].alias_info() : nullptr;
-      const bool writes = alias != nullptr && alias->isWrite();
-      bool rewritten = false;
-      map_tensors(call.inputs[i], [&](const at::Tensor& t) -> at::Tensor {
-        if (!has_plain_storage(t)) return t;
-        const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
-        if (writes && filled_outside_.count(storage) > 0) rewritten = true;
-        const auto it = unfilled.find(storage);
-        if (it == unfilled.end()) return t;
-        if (writes) {
-          unfilled.erase(it);  // an op fills it: the replay runs that op too
-        } else if (alias == nullptr) {
-          unfilled.erase(it);  // read first: filled outside the dispatcher
-          filled_outside_.insert(storage);
-        }
-        return t;
-      });
-      if (rewritten) {
-        return call.op.schema().name() + " writes a tensor that code outside PyTorch's " +
-               "dispatcher filled (torch.tensor(data) fills its new tensor so) after an op read " +
-               "it: the bytes the capture holds are no longer the ones read; the live forward is " +
-               "still compared with a cold load";
-      }
-    }
     std::string unmade;
     for (const c10::IValue& v : call.inputs) {
       map_tensors(v, [&](const at::Tensor& t) -> at::Tensor {
@@ -401,13 +349,9 @@ std::string CapturedForward::find_unmade_read() const {
              "C++ extension's own allocation), and a replay runs only what the trace saw; the "
              "live forward is still compared with a cold load";
     }
-    const bool allocates = allocates_unfilled(call.op);
     auto note = [&](const at::Tensor& t) {
       made.insert(t.unsafeGetTensorImpl());
-      if (has_plain_storage(t)) {
-        made_storages.insert(t.storage().unsafeGetStorageImpl());
-        if (allocates) unfilled.insert(t.storage().unsafeGetStorageImpl());
-      }
+      if (has_plain_storage(t)) made_storages.insert(t.storage().unsafeGetStorageImpl());
     };
     for (const c10::IValue& out : call.outputs) {
       if (out.isTensor()) {
@@ -417,7 +361,7 @@ std::string CapturedForward::find_unmade_read() const {
       }
     }
   }
-  return {};
+  return holder_->unfilled().written_outside();
 }
 
 CapturedForward::~CapturedForward() = default;
@@ -714,14 +658,15 @@ std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
       const ReplayState state(call.state);  // autocast, grad and inference mode as captured
       call.op.callBoxed(stack);
     }
-    if (!filled_outside_.empty() && allocates_unfilled(call.op)) {
-      // What code outside the dispatcher wrote: the bytes the capture read.
+    if (allocates_unfilled(call.op)) {
+      // What PyTorch filled from Python data: the bytes the capture read.
       for (size_t k = 0; k < call.outputs.size() && k < stack.size(); ++k) {
         if (!call.outputs[k].isTensor() || !stack[k].isTensor()) continue;
         const at::Tensor& captured = call.outputs[k].toTensor();
-        if (has_plain_storage(captured) &&
-            filled_outside_.count(captured.storage().unsafeGetStorageImpl()) > 0) {
-          stack[k].toTensor().copy_(captured);
+        if (!has_plain_storage(captured)) continue;
+        if (const at::Tensor* data =
+                holder_->unfilled().python_data(captured.storage().unsafeGetStorageImpl())) {
+          stack[k].toTensor().copy_(*data);
         }
       }
     }

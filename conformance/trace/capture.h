@@ -36,10 +36,10 @@
 // and a top-level op whose argument was made inside the forward without an
 // op (at::from_blob) cannot be rebuilt: replay() then says why and returns
 // nothing, before it runs any op (a replay that gives up writes nothing);
-// the address check stays the verdict. Memory an empty-like op made and code
-// outside the dispatcher filled (torch.tensor(data)) is replayed with the
-// bytes the capture read, unless an op wrote it after that read (refused
-// likewise).
+// the address check stays the verdict. Memory an empty-like op made that
+// PyTorch filled from Python data (torch.tensor(data)) is replayed with the
+// bytes the capture read; memory so made that other code outside the
+// dispatcher filled is refused likewise (internal/unfilled_memory.h).
 #pragma once
 
 #include "conformance/trace/named_tensor.h"
@@ -56,7 +56,6 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 namespace reloadsafe::trace {
@@ -249,10 +248,6 @@ class CapturedForward {
   /// replay gives up before it runs an op]); a capture never replayed pays
   /// nothing for it.
   mutable std::optional<std::string> unmade_read_;
-  /// Found with it: the storages an empty-like call made that code outside
-  /// the dispatcher filled, which a replay fills with the captured bytes
-  /// (Note [A replay gives up before it runs an op] in capture.cc).
-  mutable std::unordered_set<const c10::StorageImpl*> filled_outside_;
   mutable std::optional<bool> replays_through_;  // replays_through(), once found
 };
 

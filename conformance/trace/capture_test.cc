@@ -15,7 +15,10 @@
 #include <ATen/ops/equal.h>
 #include <ATen/ops/feature_dropout.h>
 #include <ATen/ops/flatten.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/index.h>
+#include <ATen/ops/index_select.h>
+#include <ATen/ops/lift_fresh.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/mul.h>
@@ -784,37 +787,62 @@ TEST(CapturedForward, AReadNoOpMakesCountsOnceItIsNoted) {
   }
 }
 
-// Note [A replay gives up before it runs an op]: memory an empty() made and
-// code outside the dispatcher filled (as torch.tensor(data) fills its new
-// tensor) is replayed with the bytes the capture read, through a view too;
-// memory an op filled is rebuilt by that op; memory written by an op after
-// it was read holds other bytes than the ones read, and is refused.
-TEST(CapturedForward, MemoryNoOpFilledIsReplayedWithTheBytesTheCaptureRead) {
+// internal/unfilled_memory.h: memory an empty() made that PyTorch filled from
+// Python data (torch.tensor(data): the bytes written through the pointer,
+// then to(), lift_fresh() and detach_()) is replayed with the bytes the
+// capture read, whatever ops write it later; memory an op filled is rebuilt
+// by that op; memory code outside the dispatcher wrote, with no lift_fresh()
+// to say it is data, cannot be rebuilt, and the replay refuses.
+TEST(CapturedForward, MemoryNoOpFilledIsReplayedWhenItHoldsPythonData) {
+  enum class Fill { kPythonData, kPythonDataCopied, kOp, kPointerOnly };
   struct Row {
     const char* forward;
-    bool filled_by_an_op;
-    bool viewed_first;
-    bool written_after_the_read;
-    bool shape_taken_first = false;  // by new_zeros(): its sizes and dtype, no value
+    Fill fill;
+    bool viewed_first = false;            // filled and read through a view
+    bool bumped_before_the_read = false;  // add_(): reads it and writes it
+    bool written_after_the_read = false;  // zero_()
+    bool shape_taken_first = false;       // new_zeros(): its sizes and dtype, no value
+    bool reshaped_in_place = false;       // unsqueeze_(): sizes, not bytes
   };
-  for (const Row& row :
-       {Row{"filled through its pointer", false, false, false},
-        Row{"filled through its pointer, read through a view", false, true, false},
-        Row{"filled by fill_", true, false, false},
-        Row{"filled by fill_ through a view", true, true, false},
-        Row{"filled by fill_ after new_zeros took its shape", true, false, false, true},
-        Row{"filled through its pointer, then written by an op", false, false, true}}) {
+  for (const Row& row : {
+           Row{"Python data", Fill::kPythonData},
+           Row{"Python data, read through a view", Fill::kPythonData, true},
+           Row{"Python data, bumped by add_ before the read", Fill::kPythonData, false, true},
+           Row{"Python data, written by an op after the read", Fill::kPythonData, false, false,
+               true},
+           Row{"Python data, reshaped in place first", Fill::kPythonData, false, false, false,
+               false, true},
+           Row{"Python data copied to another dtype before lift_fresh", Fill::kPythonDataCopied},
+           Row{"filled by fill_", Fill::kOp},
+           Row{"filled by fill_ through a view", Fill::kOp, true},
+           Row{"filled by fill_ after new_zeros took its shape", Fill::kOp, false, false, false,
+               true},
+           Row{"filled through its pointer only", Fill::kPointerOnly},
+           Row{"filled through its pointer only, reshaped in place", Fill::kPointerOnly, false,
+               false, false, false, true},
+       }) {
     const at::Tensor w = at::randn({4, 3});
     auto forward = [&] {
-      at::Tensor index = at::empty({2}, at::kLong);
+      at::Tensor index = at::empty({2}, row.fill == Fill::kPythonDataCopied ? at::kInt : at::kLong);
       if (row.shape_taken_first) index.new_zeros({2});
-      at::Tensor seen = row.viewed_first ? index.view({2}) : index;
-      if (row.filled_by_an_op) {
-        seen.fill_(1);
+      if (row.reshaped_in_place) index.unsqueeze_(0).squeeze_(0);
+      if (row.fill == Fill::kOp) {
+        (row.viewed_first ? index.view({2}) : index).fill_(1);
+      } else if (row.fill == Fill::kPythonDataCopied) {
+        index.data_ptr<int32_t>()[0] = 1;  // no op: the trace sees nothing
+        index.data_ptr<int32_t>()[1] = 2;
+        index = at::lift_fresh(index.to(at::kLong));  // a copy: other memory
+        index.detach_();
       } else {
-        index.data_ptr<int64_t>()[0] = 1;  // no op: the trace sees nothing
+        index.data_ptr<int64_t>()[0] = 1;
         index.data_ptr<int64_t>()[1] = 2;
+        if (row.fill == Fill::kPythonData) {
+          index = at::lift_fresh(index.to(at::kLong));  // the same tensor
+          index.detach_();
+        }
       }
+      at::Tensor seen = row.viewed_first ? index.view({2}) : index;
+      if (row.bumped_before_the_read) seen.add_(1);
       at::Tensor out = at::index_select(w, 0, seen);
       if (row.written_after_the_read) index.zero_();
       return out;
@@ -829,9 +857,11 @@ TEST(CapturedForward, MemoryNoOpFilledIsReplayedWithTheBytesTheCaptureRead) {
       if (!replayed) break;
       EXPECT_TRUE(at::equal(*replayed, expected)) << row.forward;
     }
-    EXPECT_EQ(replayed.has_value(), !row.written_after_the_read) << row.forward << ": " << why;
+    EXPECT_EQ(replayed.has_value(), row.fill != Fill::kPointerOnly) << row.forward << ": " << why;
     if (!replayed) {
-      EXPECT_NE(why.find("no longer the ones read"), std::string::npos) << why;
+      EXPECT_NE(why.find("aten::index_select reads memory an empty-like op made that no op wrote"),
+                std::string::npos)
+          << why;
     }
   }
 }

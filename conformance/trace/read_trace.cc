@@ -496,7 +496,7 @@ void ReadTrace::begin_call(const c10::OperatorHandle& op, const c10::FunctionSch
     if (!hook->keep(position, ops_.back(), droppable) && droppable) {
       ops_.pop_back();
     } else if (depth_ == 0) {
-      hook->top_level_begin(*this, c10::ArrayRef<c10::IValue>(call_args, num_args));
+      hook->top_level_begin(*this, op, c10::ArrayRef<c10::IValue>(call_args, num_args));
       progress.hooked = true;
     }
   }

@@ -189,7 +189,8 @@ class CallHook {
   /// Around a top-level call that was recorded and kept: its arguments
   /// before it runs and its results after it ran (end is not called if the
   /// op throws).
-  virtual void top_level_begin(const ReadTrace& /*trace*/, c10::ArrayRef<c10::IValue> /*args*/) {}
+  virtual void top_level_begin(const ReadTrace& /*trace*/, const c10::OperatorHandle& /*op*/,
+                               c10::ArrayRef<c10::IValue> /*args*/) {}
   virtual void top_level_end(const ReadTrace& /*trace*/, const c10::OperatorHandle& /*op*/,
                              c10::ArrayRef<c10::IValue> /*returns*/) {}
 };

@@ -464,7 +464,8 @@ struct ScriptedHook : CallHook {
     kept_positions.push_back(position);
     return true;
   }
-  void top_level_begin(const ReadTrace&, c10::ArrayRef<c10::IValue> args) override {
+  void top_level_begin(const ReadTrace&, const c10::OperatorHandle&,
+                       c10::ArrayRef<c10::IValue> args) override {
     ++begun;
     last_args = args.size();
   }
