@@ -32,10 +32,15 @@ bool writes_metadata_only(const c10::OperatorHandle& op, const std::string& name
   return op.hasTag(at::Tag::inplace_view) && name != "aten::resize_" && name != "aten::set_";
 }
 
-// Whether argument `i` of `op` is written over whole, its bytes unread.
-bool overwrites(const std::string& name, const c10::Argument& arg, size_t i) {
-  if (arg.is_out()) return true;
-  return i == 0 && (name == "aten::copy_" || name == "aten::fill_" || name == "aten::zero_");
+// Whether writing argument `arg` of `op` fills it: an out= argument, or any
+// written argument of an op that is not an elementwise read-modify-write
+// (add_, relu_: tagged pointwise). A write of some positions (index_put_,
+// masked_fill_, scatter_) fills it too: whatever the forward reads of the
+// positions it left is the forward's own garbage, as it would be in a graph.
+// resize_ and set_ write no bytes: what they leave is read like the rest.
+bool fills(const c10::OperatorHandle& op, const std::string& name, const c10::Argument& arg) {
+  if (name == "aten::resize_" || name == "aten::set_") return false;
+  return arg.is_out() || !op.hasTag(at::Tag::pointwise);
 }
 
 }  // namespace
@@ -95,7 +100,7 @@ void UnfilledMemory::before(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
     for_each_tensor(args[i], [&](const at::Tensor& t, int) {
       const c10::StorageImpl* storage = plain_storage_of(t);
       if (storage == nullptr || unfilled_.count(storage) == 0) return;
-      if (writes && overwrites(name, schema_args[i], i)) {
+      if (writes && fills(op, name, schema_args[i])) {
         unfilled_.erase(storage);  // an op fills it: a replay runs that op too
       } else if (alias != nullptr && !writes) {
         alias_args_.push_back(storage);  // a view of it reads nothing; a copy does

@@ -11,8 +11,9 @@
 // bytes held at the capture stand for what it computes after a reload.
 //
 // UnfilledMemory follows every storage a top-level empty-like call made
-// until an op fills it (writes it without reading it: copy_, fill_, zero_,
-// an out= argument) or reads it. A read is of Python data when the storage,
+// until an op fills it (writes it: copy_, fill_, index_put_, an out=
+// argument; not an elementwise in-place op such as add_, which reads what
+// it writes) or reads it. A read is of Python data when the storage,
 // or what the reading call made of it, reaches lift_fresh() next, which
 // PyTorch calls on a tensor it made from data and on nothing else: then it
 // keeps a copy of the bytes, before any later op can write them (a counter

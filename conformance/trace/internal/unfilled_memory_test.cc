@@ -103,6 +103,15 @@ TEST(UnfilledMemory, TellsPythonDataFromMemoryWrittenOutsideTheDispatcher) {
                                   {"aten::mul", "Tensor", {v, o}, {o}}};
        },
        false, "aten::mul"},
+      {"index_put_() writes some of it: a fill, as in a graph",
+       [](const at::Tensor& m, const at::Tensor& o) {
+         return std::vector<Call>{{"aten::index_put_",
+                                   "",
+                                   {m, c10::List<std::optional<at::Tensor>>({o}), o, false},
+                                   {m}},
+                                  {"aten::mul", "Tensor", {m, o}, {o}}};
+       },
+       false, ""},
       {"fill_() fills it: nothing read outside",
        [](const at::Tensor& m, const at::Tensor& o) {
          return std::vector<Call>{{"aten::fill_", "Scalar", {m, 1}, {m}},
