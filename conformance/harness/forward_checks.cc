@@ -22,6 +22,64 @@ void ForwardChecks::capture() {
   count_reads(capture_, report_);
 }
 
+// Note [State every forward makes]
+// A forward may bind a module attribute to a tensor it makes at every call:
+// Recurrent Gemma's prefill sets its recurrent and convolution state to new
+// tensors (zeros, then the scan's and the padding's results), so the
+// attribute's address changes across any two forwards, reload or not.
+// Under a CUDA graph those tensors are the graph's own (made in its pool
+// and rewritten at every replay): no kernel reads them at an address the
+// capture fixed before it. Where the captured forward's own ops made the
+// tensor a name holds right after the capture (the trace saw it returned,
+// never before), the name is left out of the declared-address check. What
+// the forward reads of such state is still checked: a forward that reads
+// the previous call's state (a decode step) reads it from outside, and
+// the retrace after a reload sees that read move. A tensor made only by
+// the first forward (a lazily built scale) was made by the warm-up, not
+// the capture, and stays checked.
+std::set<std::string> ForwardChecks::made_by_every_forward(
+    const std::vector<trace::NamedTensor>& named) {
+  std::set<std::string> out;
+  if (!capture_.forward) return out;
+  const trace::ReadTrace& trace = capture_.forward->trace();
+  std::string names;  // the first few, in the layer's order
+  constexpr size_t kNamed = 4;
+  for (const trace::NamedTensor& n : named) {
+    if (!n.declared || !trace::has_plain_storage(n.tensor)) continue;
+    const std::optional<bool> external = trace.classify(n.tensor.storage().unsafeGetStorageImpl());
+    if (!external.has_value() || *external) continue;
+    if (!out.insert(n.name).second) continue;
+    if (out.size() <= kNamed) names += (names.empty() ? "" : ", ") + n.name;
+    captured_state_.emplace_back(n.name, n.tensor.storage().unsafeGetStorageImpl());
+  }
+  if (out.size() > kNamed) names += " and " + std::to_string(out.size() - kNamed) + " more";
+  if (!out.empty()) {
+    report_.warnings.push_back(Warning{
+        names, "",
+        "made by every forward (the forward binds the name to a tensor its own ops make): state "
+        "a graph would keep in its own memory; its address is not checked, what the forward "
+        "reads of it is"});
+  }
+  return out;
+}
+
+int64_t ForwardChecks::state_only_the_capture_holds(
+    const std::vector<trace::NamedTensor>& named) const {
+  std::set<const c10::StorageImpl*> still_named;
+  for (const trace::NamedTensor& n : named) {
+    if (trace::has_plain_storage(n.tensor))
+      still_named.insert(n.tensor.storage().unsafeGetStorageImpl());
+  }
+  std::set<const c10::StorageImpl*> counted;
+  int64_t bytes = 0;
+  for (const auto& [name, storage] : captured_state_) {
+    if (still_named.count(storage) == 0 && counted.insert(storage).second) {
+      bytes += static_cast<int64_t>(storage->nbytes());
+    }
+  }
+  return bytes;
+}
+
 void ForwardChecks::check(const Reload& reload, const at::Tensor& replayed_graph,
                           const std::function<void()>& after_forward) {
   const int r = reload.index;

@@ -16,7 +16,12 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <functional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace reloadsafe::harness {
 
@@ -42,8 +47,23 @@ class ForwardChecks {
   void check(const Reload& reload, const at::Tensor& replayed_graph,
              const std::function<void()>& after_forward);
 
+  /// The declared names among `named` (the live layer's tensors right after
+  /// capture()) whose tensor the captured forward made with its own ops:
+  /// state the forward rebinds at every call, whose address no graph
+  /// depends on (Note [State every forward makes] in forward_checks.cc).
+  /// Warns once, naming them. Empty without a capture (a run that does not
+  /// trace).
+  std::set<std::string> made_by_every_forward(const std::vector<trace::NamedTensor>& named);
+  /// The bytes of the state made_by_every_forward() found that only the
+  /// capture holds now: storages no name in `named` (the live layer's
+  /// tensors now) is on any more, since a later forward rebound the names.
+  /// The check's own memory, not the layer's: a mode's memory leaves it out.
+  int64_t state_only_the_capture_holds(const std::vector<trace::NamedTensor>& named) const;
   /// Lets go of the capture (and every tensor it holds).
-  void release() { capture_ = ForwardCapture{}; }
+  void release() {
+    captured_state_.clear();
+    capture_ = ForwardCapture{};
+  }
 
  private:
   bool sequence_follows_the_weights(const trace::CheckingRetrace& retrace, const Checkpoint& ckpt);
@@ -56,6 +76,9 @@ class ForwardChecks {
   ColdLoadOutputs& cold_loads_;
   const at::Tensor& x_;
   ForwardCapture capture_;
+  // made_by_every_forward()'s tensors as the capture made them (it holds
+  // them: the pointers stay valid until release()), with their names.
+  std::vector<std::pair<std::string, const c10::StorageImpl*>> captured_state_;
   bool replayed_once_ = false;    // a replay of the capture ran and returned an output
   bool warned_sequence_ = false;  // Note [An op sequence that follows the weights]
 };

@@ -31,11 +31,12 @@ int64_t ModeMemory::aside_live_bytes() const {
   return trace::live_cpu_bytes_allocated_in(aside_epochs_, cold_loads_.kept_data()).value_or(0);
 }
 
-void ModeMemory::record() {
+void ModeMemory::record(int64_t checks_own) {
   if (auto bytes = trace::live_tensor_bytes(options_.device)) {
     const int64_t made_aside = aside_live_bytes();
     aside_bytes_.push_back(made_aside);
-    report_.memory_bytes.push_back(*bytes - (cold_loads_.kept_bytes() - kept_before_) - made_aside);
+    report_.memory_bytes.push_back(*bytes - (cold_loads_.kept_bytes() - kept_before_) - made_aside -
+                                   checks_own);
   }
 }
 

@@ -57,9 +57,9 @@ class ModeMemory {
   /// not the subject's (Note [One cold load per checkpoint]).
   void start();
   /// Appends the live bytes now to the report's memory_bytes (what the
-  /// layers made aside keep and the kept cold-load outputs made since
-  /// start() not counted).
-  void record();
+  /// layers made aside keep, the kept cold-load outputs made since start()
+  /// and `checks_own` bytes the check holds for itself not counted).
+  void record(int64_t checks_own = 0);
   /// At the mode's end: growth after the first reload beyond the subject's
   /// tolerance is a violation; growth of what the layers made aside keep is
   /// a warning.

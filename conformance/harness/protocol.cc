@@ -47,10 +47,12 @@ constexpr int kCanaryByte = 0x5a;
 // storage is nothing a kernel reads.
 using Locations = std::vector<std::pair<std::string, TensorLocation>>;
 
-Locations declared_locations(const std::vector<trace::NamedTensor>& named) {
+Locations declared_locations(const std::vector<trace::NamedTensor>& named,
+                             const std::set<std::string>& made_by_every_forward) {
   Locations out;
   for (const auto& n : named) {
-    if (n.declared && trace::has_plain_storage(n.tensor)) {
+    if (n.declared && trace::has_plain_storage(n.tensor) &&
+        made_by_every_forward.count(n.name) == 0) {
       out.emplace_back(n.name, TensorLocation::of(n.tensor));
     }
   }
@@ -293,9 +295,14 @@ class ModeRun final : public ModeContext {
     canary_bytes_ = at::full({kCanaryBytes}, kCanaryByte, bytes);
     // The declared baseline is taken after the warm-up, as the capture is;
     // so is every step's.
-    declared_ = declared_locations(live_->named_tensors());
+    declared_ = declared_locations(live_->named_tensors(), {});
     for (const auto& step : step_objects_) step->started(*this);
     forward_.capture();
+    forward_state_ = forward_.made_by_every_forward(live_->named_tensors());
+    declared_.erase(
+        std::remove_if(declared_.begin(), declared_.end(),
+                       [&](const auto& l) { return forward_state_.count(l.first) > 0; }),
+        declared_.end());
     if (!options_.device.is_cpu()) graph_ = capture_graph(options_.device, *live_, x_, sink_);
     memory_.start();
   }
@@ -332,13 +339,17 @@ class ModeRun final : public ModeContext {
       replayed_graph = graph_->replay();
       ++report_.graph_replays;
     }
-    memory_.record();
+    // The state the capture made that later forwards rebound is the check's
+    // (Note [State every forward makes] in forward_checks.cc).
+    memory_.record(
+        forward_state_.empty() ? 0 : forward_.state_only_the_capture_holds(live_->named_tensors()));
     // What the reload left, before any forward runs on it: state a forward
     // writes is not the reload's (and the capture's replay may write the
     // live layer's tensors). After the graph's replay, as every step that
     // allocates on the device is.
     for (const auto& step : step_objects_) step->after_reload(*this, reload);
-    compare_declared(declared_, declared_locations(live_->named_tensors()), r, sink_);
+    compare_declared(declared_, declared_locations(live_->named_tensors(), forward_state_), r,
+                     sink_);
     for (const auto& [n, t] : ckpt) {
       // The loaders and post-processing must not write into the checkpoint.
       if (!pristine.at(n).unchanged(t)) sink_.add(r, "checkpoint:" + n, "bytes changed", "", "");
@@ -374,6 +385,7 @@ class ModeRun final : public ModeContext {
   std::set<std::string> flagged_state_;  // first_state_flag
   at::Tensor canary_, canary_bytes_;
   Locations declared_;
+  std::set<std::string> forward_state_;         // ForwardChecks::made_by_every_forward
   std::unique_ptr<CapturedDeviceGraph> graph_;  // on a device: the captured graph
   bool stopped_ = false;                        // Note [A reload that raises]
 };

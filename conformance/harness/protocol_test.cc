@@ -14,6 +14,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/add.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/equal.h>
@@ -82,12 +83,16 @@ class CountingSubject : public ReloadSubject {
   bool vary = false;
   bool wrong_in_direct = false;
   bool scale_from_checkpoint = false;
-  bool cold_output_buffer = false;     ///< every aside forward's output in one buffer
-  bool write_input = false;            ///< the forward adds 1 to its input in place
-  bool keep_aside = false;             ///< every aside layer's weight is kept (a registry)
-  bool keep_per_reload = false;        ///< every reload keeps a copy of the weight
-  bool route_by_sign = false;          ///< see routed()
-  bool timed_process = false;          ///< each layer names a number no load decides (a timing)
+  bool cold_output_buffer = false;  ///< every aside forward's output in one buffer
+  bool write_input = false;         ///< the forward adds 1 to its input in place
+  bool keep_aside = false;          ///< every aside layer's weight is kept (a registry)
+  bool keep_per_reload = false;     ///< every reload keeps a copy of the weight
+  bool route_by_sign = false;       ///< see routed()
+  bool timed_process = false;       ///< each layer names a number no load decides (a timing)
+  /// The layer names "state", which every forward binds to a tensor it
+  /// makes (kMade: Recurrent Gemma's prefill state) or to one it computes
+  /// from the previous forward's (kCarried: a decode step's).
+  enum class State { kNone, kMade, kCarried } state = State::kNone;
   int processes = 0;                   ///< process() calls over every layer
   std::vector<at::Tensor> kept;        ///< what keep_aside and keep_per_reload keep
   int rebuild_at = 0;                  ///< the reload (counted over both modes) that rebuilds w
@@ -142,13 +147,21 @@ class CountingLayer : public SubjectLayer {
     }
     first_forward_ = false;
     at::Tensor y = s_.routed(x, w_);
+    if (s_.state == CountingSubject::State::kMade) state_ = at::relu(y);
+    if (s_.state == CountingSubject::State::kCarried) {
+      state_ = state_.defined() ? at::add(state_, y) : at::relu(y);
+    }
     if (s_.write_input && !aside_) x.add_(1.0);
     return s_.scale_from_checkpoint ? at::mul(y, CountingSubject::scale_of(w_)) : y;
   }
-  std::vector<NamedTensor> named_tensors() override { return {{"w", w_, true}}; }
+  std::vector<NamedTensor> named_tensors() override {
+    if (!state_.defined()) return {{"w", w_, true}};
+    return {{"w", w_, true}, {"state", state_, true}};
+  }
 
  private:
   CountingSubject& s_;
+  at::Tensor state_;  // CountingSubject::state
   const bool aside_;
   bool first_forward_ = true;
   int timed_ = 0;
@@ -407,6 +420,36 @@ TEST(Protocol, AStaleReadIsFlaggedByTheReplayAfterEveryReload) {
     if (v.tensor == "replay") replays.push_back(v.reload);
   }
   EXPECT_EQ(replays, (std::vector<int>{1, 2, 3, 4})) << to_table({report});
+}
+
+// Note [State every forward makes] in forward_checks.cc: a name the forward
+// binds to a tensor its own ops make at every call is no address a graph
+// depends on (a warning names it, and the tensor the capture holds of it
+// is not the layer's memory); state a forward carries over from the
+// previous call is read from outside, and that read moves.
+TEST(Protocol, StateEveryForwardMakesIsAWarningAndCarriedStateIsFlagged) {
+  for (const auto state : {CountingSubject::State::kMade, CountingSubject::State::kCarried}) {
+    const bool made = state == CountingSubject::State::kMade;
+    SCOPED_TRACE(made ? "made by every forward" : "carried over");
+    CountingSubject subject;
+    subject.state = state;
+    const BackendReport report = run_subject(subject, options(4, true));
+    ASSERT_EQ(report.modes.size(), 2u);
+    for (const ModeReport& m : report.modes) {
+      EXPECT_EQ(m.error, "");
+      const bool state_flagged =
+          std::find(m.flagged.begin(), m.flagged.end(), "state") != m.flagged.end();
+      EXPECT_EQ(state_flagged, !made) << to_table({report});
+      if (!made) continue;
+      EXPECT_EQ(m.violation_count, 0) << to_table({report});
+      const bool warned = std::any_of(m.warnings.begin(), m.warnings.end(), [](const Warning& w) {
+        return w.tensor == "state" && w.message.rfind("made by every forward", 0) == 0;
+      });
+      EXPECT_TRUE(warned) << to_table({report});
+      ASSERT_GE(m.memory_bytes.size(), 3u);
+      EXPECT_EQ(m.memory_bytes[1], m.memory_bytes.back()) << "the capture's state is the check's";
+    }
+  }
 }
 
 // A binary linked without conformance/harness:device_graph_cuda (this one:

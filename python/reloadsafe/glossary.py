@@ -132,9 +132,9 @@ KINDS: tuple[Kind, ...] = (
          "is checked like a declared one.", "A tensor held by a kernel object outside the layer (Z02).",
          "Reach it from the layer (an attribute), or declare it.", "the read trace", ("read but not declared",)),
     Kind("not-replayed", "not replayed", True,
-         "The captured ops cannot be replayed (an op draws random numbers, code outside the dispatcher "
-         "made a tensor: Inductor's kernels, or wrote one an op had read); the live forward is still "
-         "compared.",
+         "The captured ops cannot be replayed (an op draws random numbers; code outside the dispatcher "
+         "made a tensor, as Inductor's kernels do, or filled one an `empty()` made, as a kernel called "
+         "through its own binding does); the live forward is still compared.",
          "torch.compile with Inductor; dropout in training mode.",
          "Nothing to fix in the layer; check a compiled forward with `backend=\"aot_eager\"` to trace "
          "every op (docs/real-code.md).", "the read trace", ("not replayed",)),
@@ -144,6 +144,14 @@ KINDS: tuple[Kind, ...] = (
          "Hugging Face's eager MoE layers (the values read with `.item()`, `nonzero` or `tolist()`).",
          "Nothing to fix for the reload.", "the read trace",
          ("ops follow the weights' values",)),
+    Kind("forward-state", "made by every forward", True,
+         "The forward binds a name to a tensor its own ops make at every call (state a prefill starts "
+         "afresh); a graph keeps such tensors in its own memory, so the name's address is not checked. "
+         "What the forward reads of it is: state carried over from the previous call is a read from "
+         "outside, and flagged where it moves.",
+         "Hugging Face's Recurrent Gemma (its recurrent and convolution state).",
+         "Nothing to fix for the reload; a decode step that carries state should write it in place.",
+         "the read trace", ("made by every forward",)),
     Kind("built-aside", "layers built aside keep memory", True,
          "The layers the check builds aside (cold loads) stay alive: the factory or a library keeps "
          "every layer it builds. Not counted as the reloads' growth.",

@@ -3,7 +3,7 @@ hub, no download), reloaded the way an RL trainer's weight sync reloads
 them, for python/tests/real/test_real_models.py and bench/check_bench.py.
 
 A ``ModelCase`` is one ``check_reload`` call: an architecture (Llama with
-tied embeddings, Qwen3, Qwen2-MoE, Mixtral, JetMoE, GPT-2), how the model is built
+tied embeddings, Qwen3, Qwen2-MoE, Mixtral, JetMoE, GPT-2, Recurrent Gemma), how the model is built
 (eager in float32 or bfloat16, ``model.compile()`` with a backend, torchao int8
 weight-only, or bitsandbytes 4-bit / 8-bit linears), how a checkpoint is loaded and
 post-processed, and what must be flagged (None for a correct reload):
@@ -65,6 +65,11 @@ def _config(arch: str) -> Any:
     if arch == "gpt2":  # Conv1D projections, learned positions, dropout (eval: none drawn)
         return tf.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64,
                              bos_token_id=0, eos_token_id=0)
+    if arch == "recurrent_gemma":  # every prefill binds its recurrent state to tensors it makes
+        return tf.RecurrentGemmaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, lru_width=64,
+                                       attention_window_size=16, block_types=["recurrent", "attention"],
+                                       pad_token_id=0, bos_token_id=0, eos_token_id=0)
     raise ValueError(f"unknown architecture {arch!r}")
 
 
@@ -289,7 +294,7 @@ def _compiled(arch: str, backend: str) -> Callable[[], torch.nn.Module]:
     return make
 
 
-ARCHS = ("llama", "qwen3", "qwen2_moe", "mixtral", "jetmoe", "gpt2")
+ARCHS = ("llama", "qwen3", "qwen2_moe", "mixtral", "jetmoe", "gpt2", "recurrent_gemma")
 #: the architectures with a rotary embedding (rope_rebuilt applies)
 ROTARY = ("llama", "qwen3", "qwen2_moe", "mixtral")
 

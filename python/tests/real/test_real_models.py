@@ -56,6 +56,10 @@ def test_a_correct_reload_of_a_whole_model_passes(case):
         # with tolist(), which no op makes (host_reads.py).
         assert all("ops follow the weights' values" in m for m in messages), report.table()
         assert messages or case.arch not in ("mixtral", "jetmoe"), report.table()
+    elif case.arch == "recurrent_gemma":
+        # Its prefill binds the recurrent and convolution state to tensors
+        # it makes at every call: said so, and not an address to keep.
+        assert messages and all(m.startswith("made by every forward") for m in messages), report.table()
     elif "inductor" in case.name:
         # Inductor's kernels run outside the dispatcher: no replay, said so.
         assert messages and all("not replayed" in m and "Inductor" in m for m in messages), report.table()
