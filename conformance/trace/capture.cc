@@ -260,13 +260,20 @@ class CapturedForward::Holder final : public CallHook {
   // change the addresses a CUDA graph baked in. Internal tensors keep their
   // identity, which is how a replay maps them to the results it recomputes.
   // A Python tensor is held as itself: detaching it would run its subclass's
-  // dispatch (Note [Holding runs no op] in read_trace.cc).
+  // dispatch (Note [Holding runs no op] in read_trace.cc). The held copy
+  // requires grad where the tensor did: some composite ops choose their
+  // kernels by it (matmul folds a batch into one mm only for inputs that do
+  // not), so a replay on a detached copy sums in another order than the
+  // forward did, and a recurrence (Mamba's scan) grows that last bit into a
+  // difference no tolerance forgives.
   static c10::IValue hold_as_captured(const ReadTrace& trace, const c10::IValue& v) {
     return map_tensors(v, [&](const at::Tensor& t) -> at::Tensor {
       if (!has_plain_storage(t)) return t;
       if (!trace.classify(t.storage().unsafeGetStorageImpl()).value_or(false)) return t;
-      return at::Tensor(t.unsafeGetTensorImpl()->shallow_copy_and_detach(
+      at::Tensor held(t.unsafeGetTensorImpl()->shallow_copy_and_detach(
           /*version_counter=*/c10::VariableVersion(0), /*allow_tensor_metadata_change=*/false));
+      if (t.requires_grad()) held.set_requires_grad(true);
+      return held;
     });
   }
 

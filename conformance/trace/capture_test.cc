@@ -2,6 +2,7 @@
 
 #include "conformance/trace/internal/call_match.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/autocast_mode.h>
@@ -864,6 +865,25 @@ TEST(CapturedForward, MemoryNoOpFilledIsReplayedWhenItHoldsPythonData) {
           << why;
     }
   }
+}
+
+// The capture holds its external tensors as copies that require grad where
+// the forward's did: matmul folds a batch into one mm only for inputs that
+// do not, so a replay on detached copies summed in another order (a last-bit
+// difference that Mamba's scan grew past the replay's tolerance).
+TEST(CapturedForward, AReplayRunsTheKernelsTheForwardRanOnTensorsThatRequireGrad) {
+  at::Generator gen = at::detail::createCPUGenerator(0);
+  const at::Tensor w = at::randn({128, 4}, gen).set_requires_grad(true);
+  const at::Tensor s = at::randn({1}, gen).set_requires_grad(true);
+  const at::Tensor x = at::randn({1, 8, 4}, gen);
+  auto forward = [&] { return at::matmul(w, at::mul(x, s).transpose(1, 2)); };
+  CapturedForward capture(forward);
+  std::string why;
+  const std::optional<at::Tensor> replayed = capture.replay(&why);
+  ASSERT_TRUE(replayed.has_value()) << why;
+  EXPECT_TRUE(replayed->requires_grad());
+  EXPECT_TRUE(at::equal(*replayed, capture.output()))
+      << "max |diff| " << (*replayed - capture.output()).abs().max().item<double>();
 }
 
 TEST(NoteHostRead, IsRecordedAsAReadOfItsTensorAndChangesNothing) {

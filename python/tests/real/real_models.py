@@ -3,7 +3,7 @@ hub, no download), reloaded the way an RL trainer's weight sync reloads
 them, for python/tests/real/test_real_models.py and bench/check_bench.py.
 
 A ``ModelCase`` is one ``check_reload`` call: an architecture (Llama with
-tied embeddings, Qwen3, Qwen2-MoE, Mixtral, JetMoE, GPT-2, Recurrent Gemma), how the model is built
+tied embeddings, Qwen3, Qwen2-MoE, Mixtral, JetMoE, GPT-2, Recurrent Gemma, Mamba), how the model is built
 (eager in float32 or bfloat16, ``model.compile()`` with a backend, torchao int8
 weight-only, or bitsandbytes 4-bit / 8-bit linears), how a checkpoint is loaded and
 post-processed, and what must be flagged (None for a correct reload):
@@ -70,6 +70,9 @@ def _config(arch: str) -> Any:
                                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, lru_width=64,
                                        attention_window_size=16, block_types=["recurrent", "attention"],
                                        pad_token_id=0, bos_token_id=0, eos_token_id=0)
+    if arch == "mamba":  # a sequential scan: a replay must run the forward's very kernels
+        return tf.MambaConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, state_size=8, expand=2,
+                              conv_kernel=4, pad_token_id=0, bos_token_id=0, eos_token_id=0)
     raise ValueError(f"unknown architecture {arch!r}")
 
 
@@ -294,7 +297,7 @@ def _compiled(arch: str, backend: str) -> Callable[[], torch.nn.Module]:
     return make
 
 
-ARCHS = ("llama", "qwen3", "qwen2_moe", "mixtral", "jetmoe", "gpt2", "recurrent_gemma")
+ARCHS = ("llama", "qwen3", "qwen2_moe", "mixtral", "jetmoe", "gpt2", "recurrent_gemma", "mamba")
 #: the architectures with a rotary embedding (rope_rebuilt applies)
 ROTARY = ("llama", "qwen3", "qwen2_moe", "mixtral")
 
@@ -303,7 +306,8 @@ def cases() -> list[ModelCase]:
     out: list[ModelCase] = []
     for arch in ARCHS:
         dense = lambda arch=arch: build_dense(arch)  # noqa: E731
-        embedding = "transformer.wte.weight" if arch == "gpt2" else "model.embed_tokens.weight"
+        embedding = {"gpt2": "transformer.wte.weight", "mamba": "backbone.embeddings.weight"}.get(
+            arch, "model.embed_tokens.weight")
         out += [
             ModelCase(f"{arch}", arch, dense),
             ModelCase(f"{arch}-assign", arch, dense, load=load_assign, expected=embedding),
