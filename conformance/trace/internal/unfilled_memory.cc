@@ -112,6 +112,9 @@ void UnfilledMemory::before(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
 }
 
 void UnfilledMemory::after(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> returns) {
+  const bool allocates = allocates_unfilled(op);
+  // The common call: nothing to follow, nothing made to follow.
+  if (alias_args_.empty() && read_now_.empty() && !allocates) return;
   std::vector<const c10::StorageImpl*> results;
   for (const c10::IValue& v : returns) {
     for_each_tensor(v, [&](const at::Tensor& t, int) {
@@ -125,7 +128,7 @@ void UnfilledMemory::after(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVa
   alias_args_.clear();
   for (const c10::StorageImpl* storage : read_now_) read_.at(storage).results = results;
   read_now_.clear();
-  if (allocates_unfilled(op)) {
+  if (allocates) {
     for (const c10::IValue& v : returns) {
       for_each_tensor(v, [&](const at::Tensor& t, int) {
         if (const c10::StorageImpl* storage = plain_storage_of(t)) unfilled_.emplace(storage, t);
