@@ -31,6 +31,7 @@ SMALL = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden
 # What the common keys do not reach (other names, or sizes that must agree).
 EXTRA: dict[str, dict[str, Any]] = {
     "gpt2": dict(n_embd=64, n_layer=2, n_head=4, n_positions=64),
+    "ctrl": dict(n_embd=64, n_layer=2, n_head=4, n_positions=64, dff=128),  # its default: 1.6 B parameters
     "gptj": dict(n_embd=64, n_layer=2, n_head=4, n_positions=64, rotary_dim=8),
     "codegen": dict(n_embd=64, n_layer=2, n_head=4, n_positions=64, rotary_dim=8),
     "gpt_bigcode": dict(n_embd=64, n_layer=2, n_head=4, n_positions=64),
