@@ -50,7 +50,7 @@ std::set<std::string> ForwardChecks::made_by_every_forward(
     if (!external.has_value() || *external) continue;
     if (!out.insert(n.name).second) continue;
     if (out.size() <= kNamed) names += (names.empty() ? "" : ", ") + n.name;
-    captured_state_.emplace_back(n.name, n.tensor.storage().unsafeGetStorageImpl());
+    captured_state_.insert(n.tensor.storage().unsafeGetStorageImpl());
   }
   if (out.size() > kNamed) names += " and " + std::to_string(out.size() - kNamed) + " more";
   if (!out.empty()) {
@@ -70,12 +70,9 @@ int64_t ForwardChecks::state_only_the_capture_holds(
     if (trace::has_plain_storage(n.tensor))
       still_named.insert(n.tensor.storage().unsafeGetStorageImpl());
   }
-  std::set<const c10::StorageImpl*> counted;
   int64_t bytes = 0;
-  for (const auto& [name, storage] : captured_state_) {
-    if (still_named.count(storage) == 0 && counted.insert(storage).second) {
-      bytes += static_cast<int64_t>(storage->nbytes());
-    }
+  for (const c10::StorageImpl* storage : captured_state_) {
+    if (still_named.count(storage) == 0) bytes += static_cast<int64_t>(storage->nbytes());
   }
   return bytes;
 }

@@ -20,7 +20,6 @@
 #include <functional>
 #include <set>
 #include <string>
-#include <utility>
 #include <vector>
 
 namespace reloadsafe::harness {
@@ -76,9 +75,9 @@ class ForwardChecks {
   ColdLoadOutputs& cold_loads_;
   const at::Tensor& x_;
   ForwardCapture capture_;
-  // made_by_every_forward()'s tensors as the capture made them (it holds
-  // them: the pointers stay valid until release()), with their names.
-  std::vector<std::pair<std::string, const c10::StorageImpl*>> captured_state_;
+  // The storages of made_by_every_forward()'s tensors as the capture made
+  // them (it holds them: the pointers stay valid until release()).
+  std::set<const c10::StorageImpl*> captured_state_;
   bool replayed_once_ = false;    // a replay of the capture ran and returned an output
   bool warned_sequence_ = false;  // Note [An op sequence that follows the weights]
 };

@@ -47,24 +47,25 @@ constexpr int kCanaryByte = 0x5a;
 // storage is nothing a kernel reads.
 using Locations = std::vector<std::pair<std::string, TensorLocation>>;
 
-Locations declared_locations(const std::vector<trace::NamedTensor>& named,
-                             const std::set<std::string>& made_by_every_forward) {
+Locations declared_locations(const std::vector<trace::NamedTensor>& named) {
   Locations out;
   for (const auto& n : named) {
-    if (n.declared && trace::has_plain_storage(n.tensor) &&
-        made_by_every_forward.count(n.name) == 0) {
+    if (n.declared && trace::has_plain_storage(n.tensor)) {
       out.emplace_back(n.name, TensorLocation::of(n.tensor));
     }
   }
   return out;
 }
 
-void compare_declared(const Locations& before, const Locations& after, int reload,
-                      ViolationSink& sink) {
+// Names in `unchecked` (Note [State every forward makes] in
+// forward_checks.cc) are compared on neither side.
+void compare_declared(const Locations& before, const Locations& after,
+                      const std::set<std::string>& unchecked, int reload, ViolationSink& sink) {
   auto find = [](const Locations& ls, const std::string& name) {
     return std::find_if(ls.begin(), ls.end(), [&](const auto& l) { return l.first == name; });
   };
   for (const auto& [name, b] : before) {
+    if (unchecked.count(name) > 0) continue;
     auto it = find(after, name);
     if (it == after.end()) {
       sink.add(reload, name, "missing", b.layout(), "(no longer declared)");
@@ -75,7 +76,7 @@ void compare_declared(const Locations& before, const Locations& after, int reloa
     }
   }
   for (const auto& [name, a] : after) {
-    if (find(before, name) == before.end()) {
+    if (unchecked.count(name) == 0 && find(before, name) == before.end()) {
       sink.add(reload, name, "new declared tensor", "(absent)", a.layout());
     }
   }
@@ -295,14 +296,10 @@ class ModeRun final : public ModeContext {
     canary_bytes_ = at::full({kCanaryBytes}, kCanaryByte, bytes);
     // The declared baseline is taken after the warm-up, as the capture is;
     // so is every step's.
-    declared_ = declared_locations(live_->named_tensors(), {});
+    declared_ = declared_locations(live_->named_tensors());
     for (const auto& step : step_objects_) step->started(*this);
     forward_.capture();
     forward_state_ = forward_.made_by_every_forward(live_->named_tensors());
-    declared_.erase(
-        std::remove_if(declared_.begin(), declared_.end(),
-                       [&](const auto& l) { return forward_state_.count(l.first) > 0; }),
-        declared_.end());
     if (!options_.device.is_cpu()) graph_ = capture_graph(options_.device, *live_, x_, sink_);
     memory_.start();
   }
@@ -348,7 +345,7 @@ class ModeRun final : public ModeContext {
     // live layer's tensors). After the graph's replay, as every step that
     // allocates on the device is.
     for (const auto& step : step_objects_) step->after_reload(*this, reload);
-    compare_declared(declared_, declared_locations(live_->named_tensors(), forward_state_), r,
+    compare_declared(declared_, declared_locations(live_->named_tensors()), forward_state_, r,
                      sink_);
     for (const auto& [n, t] : ckpt) {
       // The loaders and post-processing must not write into the checkpoint.
