@@ -85,6 +85,7 @@ void ForwardChecks::check(const Reload& reload, const at::Tensor& replayed_graph
   at::Tensor out;
   bool replays_as_retraced = false;
   bool follows_the_weights = false;
+  std::optional<trace::ReadChange> numbers;  // the first call handed other numbers
   const bool traced = mode_.options().trace;
   auto forward = [&] { out = mode_.live().forward(x_); };
   if (traced) {
@@ -97,12 +98,20 @@ void ForwardChecks::check(const Reload& reload, const at::Tensor& replayed_graph
         capture_.forward->compare(retrace, *capture_.names, sink.listing());
     const auto sequence = std::find_if(changes.begin(), changes.end(),
                                        [](const auto& c) { return c.tensor == kOpSequence; });
-    if (sequence != changes.end() && sequence_follows_the_weights(retrace, ckpt)) {
-      follows_the_weights = true;
-      warn_sequence_follows_the_weights(*sequence);
-      changes.erase(std::remove_if(changes.begin(), changes.end(),
-                                   [](const auto& c) { return c.tensor == kOpSequence; }),
-                    changes.end());
+    if (sequence != changes.end()) {
+      if (sequence_follows_the_weights(retrace, ckpt)) {
+        follows_the_weights = true;
+        warn_sequence_follows_the_weights(*sequence);
+        changes.erase(std::remove_if(changes.begin(), changes.end(),
+                                     [](const auto& c) { return c.tensor == kOpSequence; }),
+                      changes.end());
+      }
+    } else {
+      numbers = capture_.forward->new_numbers(retrace);
+      if (numbers && sequence_follows_the_weights(retrace, ckpt)) {
+        follows_the_weights = true;
+        warn_sequence_follows_the_weights(*numbers);
+      }
     }
     for (trace::ReadChange& c : changes) {
       sink.add(r, std::move(c.tensor), std::move(c.what), std::move(c.before), std::move(c.after),
@@ -121,7 +130,7 @@ void ForwardChecks::check(const Reload& reload, const at::Tensor& replayed_graph
              sink.listing() ? max_diff(out, expected) : "");
   }
   if (traced && !follows_the_weights) {
-    check_replay(r, expected, replays_as_retraced ? &out : nullptr, out_close);
+    check_replay(r, expected, replays_as_retraced ? &out : nullptr, out_close, numbers);
   }
   if (replayed_graph.defined() && !close(replayed_graph, expected)) {
     sink.add(r, "cuda graph replay",
@@ -135,21 +144,29 @@ void ForwardChecks::check(const Reload& reload, const at::Tensor& replayed_graph
 // Some forwards choose their ops by the values they compute: an MoE layer
 // written with a loop over the experts that received tokens (Hugging
 // Face's Qwen2-MoE and Mixtral) runs other ops when new weights route the
-// tokens otherwise. Such a retrace differs from the capture in its op
-// sequence after a correct reload. A CUDA graph cannot capture such a
-// forward as one graph (it replays one sequence), so the change is no
-// reload bug: it is a property of the forward, and the protocol tells the
-// two apart by asking a cold load of the same checkpoint, traced, on the
-// same input: if it runs the retrace's ops, and the capture read a value
-// on the host before the first op that changed (without which no value
-// could have chosen the ops: a reload that moved work from its
-// post-processing into the forward changes ops from the first), the
-// sequence follows the weights. The reads before the first changed op
+// tokens otherwise, and one that sizes its experts' splits with tolist()
+// (JetMoE) hands the same ops other numbers. Such a retrace differs from
+// the capture after a correct reload. A CUDA graph cannot capture such a
+// forward as one graph (it replays one sequence, with the numbers it was
+// captured with, and a read of values on the host is no op a graph can
+// hold), so the change is no reload bug: it is a property of the forward,
+// and the protocol tells the two apart by asking a cold load of the same
+// checkpoint, traced, on the same input: if it makes the retrace's calls
+// (the same ops, and where the retrace handed an op other numbers, those
+// numbers), and the capture read a value on the host before the first call
+// that changed (without which no value could have chosen the ops or the
+// numbers: a reload that moved work from its post-processing into the
+// forward changes ops from the first, and a number post-processing
+// computed, which a graph bakes in, changes with no read before it), the
+// forward follows the weights. The reads before the first changed call
 // are still compared, and every named tensor's location; the replay of
 // the capture (one routing) is not compared with a forward that routes
-// otherwise. Otherwise the change is the reload's, and a violation.
+// otherwise. Otherwise the change is the reload's: a changed op sequence
+// is a violation, and new numbers show in the replay, which keeps the
+// captured ones.
 bool ForwardChecks::sequence_follows_the_weights(const trace::CheckingRetrace& retrace,
                                                  const Checkpoint& ckpt) {
+  if (!capture_.forward->can_follow_values(retrace)) return false;  // no run to trace
   const at::Tensor x = mode_.input().clone();  // the aside forward may write its input
   trace::ReadTrace cold(trace::capture_trace_options());
   mode_.cold_forward_aside(ckpt, x);
@@ -164,10 +181,11 @@ void ForwardChecks::warn_sequence_follows_the_weights(const trace::ReadChange& c
       Warning{std::string(kOpSequence), "",
               "the forward's ops follow the weights' values (" + change.what +
                   (change.before.empty() ? "" : ": " + change.before + " -> " + change.after) +
-                  ", and a cold load of the same checkpoint runs the same ops): control flow that "
-                  "reads tensor values (an MoE loop over the experts that got tokens) cannot be "
-                  "captured as one CUDA graph; named tensors and the reads before that op are "
-                  "checked, the capture's replay is not"});
+                  ", and a cold load of the same checkpoint makes the same calls): control flow "
+                  "or numbers made of tensor values read on the host (an MoE loop over the "
+                  "experts that got tokens, split sizes from tolist()) cannot be captured as one "
+                  "CUDA graph; named tensors and the reads before that op are checked, the "
+                  "capture's replay is not"});
 }
 
 // `retraced`: the retraced forward's output, when the retrace made exactly
@@ -177,8 +195,11 @@ void ForwardChecks::warn_sequence_follows_the_weights(const trace::ReadChange& c
 // replay is known to run through: from the capture alone where it tells
 // (replays_through), else after one replay has run. `retraced_close`:
 // whether that output is close to `expected` (check() has compared them).
+// `numbers`: the first call the retrace handed other numbers, if any (what
+// a replay that differs most likely shows).
 void ForwardChecks::check_replay(int r, const at::Tensor& expected, const at::Tensor* retraced,
-                                 bool retraced_close) {
+                                 bool retraced_close,
+                                 const std::optional<trace::ReadChange>& numbers) {
   std::optional<at::Tensor> replayed;
   std::string why;
   bool replayed_close = false;
@@ -196,8 +217,12 @@ void ForwardChecks::check_replay(int r, const at::Tensor& expected, const at::Te
   replayed_once_ = true;
   if (!replayed_close) {
     ViolationSink& sink = mode_.sink();
-    sink.add(r, "replay", "the captured ops, replayed, differ from a cold load (a stale read)",
-             "cold load", sink.listing() ? max_diff(*replayed, expected) : "");
+    sink.add(
+        r, "replay",
+        numbers ? "the captured ops, replayed, differ from a cold load (" + numbers->what +
+                      " after the reload: a graph keeps the captured ones)"
+                : std::string("the captured ops, replayed, differ from a cold load (a stale read)"),
+        "cold load", sink.listing() ? max_diff(*replayed, expected) : "");
   }
 }
 

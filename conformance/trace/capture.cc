@@ -545,39 +545,73 @@ std::vector<ReadChange> CapturedForward::compare(const Kept& retrace, const Tens
   return out;
 }
 
-bool CapturedForward::follows_values(const CheckingRetrace& retrace,
-                                     const std::vector<OpCall>& other) const {
-  const size_t n = retrace.calls();
-  if (other.size() < n) return false;
+namespace {
+
+// A top-level call handed other numbers than the captured one: the same op
+// (same_op), both fingerprints known, and they differ.
+bool other_numbers(const OpCall& captured, const OpCall& retraced) {
+  return captured.depth == 0 && captured.constants_known && retraced.constants_known &&
+         captured.constants != retraced.constants;
+}
+
+}  // namespace
+
+std::optional<ReadChange> CapturedForward::new_numbers(const CheckingRetrace& retrace) const {
   const std::vector<OpCall>& captured = trace_->ops();
   const std::vector<OpCall>& kept = retrace.kept();
-  const size_t first = other.size() - n;
-  // The first call that is not the captured one: before it, the capture
-  // must have read a value on the host, or nothing it computed could have
-  // chosen the ops after it.
-  size_t changed = std::min(n, captured.size());
   for (size_t k = 0; k < kept.size(); ++k) {
     const size_t i = retrace.position(k);
-    if (i >= captured.size() || !same_op(captured[i], kept[k])) {
+    if (i >= captured.size() || !same_op(captured[i], kept[k])) return std::nullopt;
+    if (other_numbers(captured[i], kept[k])) {
+      return ReadChange{kOpSequence,
+                        "op " + std::to_string(i) + " (" + std::string(captured[i].name) +
+                            ") handed other numbers",
+                        "", "", ""};
+    }
+  }
+  return std::nullopt;
+}
+
+bool CapturedForward::can_follow_values(const CheckingRetrace& retrace) const {
+  const std::vector<OpCall>& captured = trace_->ops();
+  const std::vector<OpCall>& kept = retrace.kept();
+  // The first call that is not the captured one: before it, the capture
+  // must have read a value on the host, or nothing it computed could have
+  // chosen the ops or the numbers after it.
+  size_t changed = std::min(retrace.calls(), captured.size());
+  for (size_t k = 0; k < kept.size(); ++k) {
+    const size_t i = retrace.position(k);
+    if (i >= captured.size() || !same_op(captured[i], kept[k]) ||
+        other_numbers(captured[i], kept[k])) {
       changed = std::min(changed, i);
       break;
     }
   }
-  if (!std::any_of(captured.begin(), captured.begin() + changed,
-                   [](const OpCall& op) { return kinds_of(op.name).reads_values; })) {
-    return false;
-  }
+  return std::any_of(captured.begin(), captured.begin() + changed,
+                     [](const OpCall& op) { return kinds_of(op.name).reads_values; });
+}
+
+bool CapturedForward::follows_values(const CheckingRetrace& retrace,
+                                     const std::vector<OpCall>& other) const {
+  const size_t n = retrace.calls();
+  if (other.size() < n || !can_follow_values(retrace)) return false;
+  const std::vector<OpCall>& captured = trace_->ops();
+  const std::vector<OpCall>& kept = retrace.kept();
+  const size_t first = other.size() - n;
   size_t k = 0;
   for (size_t i = 0; i < n; ++i) {
-    const OpCall* call = nullptr;
+    const OpCall& theirs = other[first + i];
     if (k < kept.size() && retrace.position(k) == i) {
-      call = &kept[k++];
-    } else if (i < captured.size()) {
-      call = &captured[i];  // dropped: the captured call at its position
-    } else {
-      return false;
+      const OpCall& call = kept[k++];
+      if (!same_op(call, theirs)) return false;
+      // New numbers are the forward's only if another run hands them too.
+      if (i < captured.size() && same_op(captured[i], call) && other_numbers(captured[i], call) &&
+          !(theirs.constants_known && theirs.constants == call.constants)) {
+        return false;
+      }
+    } else if (i >= captured.size() || !same_op(captured[i], theirs)) {
+      return false;  // dropped: the captured call at its position
     }
-    if (!same_op(*call, other[first + i])) return false;
   }
   return true;
 }

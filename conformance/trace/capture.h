@@ -177,18 +177,33 @@ class CapturedForward {
   std::vector<ReadChange> compare(const CheckingRetrace& retrace, const TensorNames& names,
                                   bool details = true) const;
 
-  /// Whether the retrace's change of op sequence can follow the values the
-  /// forward computed, and does so in `other`: before the first call that
-  /// is not the captured one, the capture handed a tensor's values to the
-  /// host (item(), nonzero(), a comparison read as a bool: what Python
-  /// control flow reads), and the retrace called the ops the last calls of
-  /// `other` made (a full trace of another run of the forward; a cold
-  /// load's, whose load and post-processing come before its forward), in
-  /// order, each the same op at the same depth with as many reads and
-  /// objects (same_op), a call the retrace did not keep being the captured
-  /// call at its position. What tells a forward whose ops follow the
-  /// weights (Note [An op sequence that follows the weights] in
-  /// conformance/harness/protocol.cc) from one a reload changed.
+  /// The first top-level call the retrace made as the captured op (same_op)
+  /// but with other numbers (its other arguments' fingerprints, both known,
+  /// differ: a scale, split sizes, a length), as "op N (aten::split_with_sizes)
+  /// handed other numbers"; nothing if there is none.
+  /// A graph replays the captured numbers.
+  std::optional<ReadChange> new_numbers(const CheckingRetrace& retrace) const;
+
+  /// Whether the retrace's change can follow the values the forward
+  /// computed: before the first call that is not the captured one (another
+  /// op, or the op handed other numbers), the capture handed a tensor's
+  /// values to the host (item(), nonzero(), tolist(), a comparison read as a
+  /// bool: what Python control flow and Python numbers are made of). Where
+  /// it cannot, no other run is worth tracing: the change is not the
+  /// forward's choice.
+  bool can_follow_values(const CheckingRetrace& retrace) const;
+
+  /// Whether the retrace's change follows the values the forward computed,
+  /// and does so in `other` (a full trace of another run of the forward; a
+  /// cold load's, whose load and post-processing come before its forward):
+  /// can_follow_values(), and the retrace called the ops the last calls of
+  /// `other` made, in order, each the same op at the same depth with as
+  /// many reads and objects (same_op), a call the retrace did not keep being
+  /// the captured call at its position, and where the retrace handed the
+  /// captured op other numbers, `other` handed the retrace's. What tells a
+  /// forward whose ops or numbers follow the weights (Note [An op sequence
+  /// that follows the weights] in conformance/harness/forward_checks.cc)
+  /// from one a reload changed.
   bool follows_values(const CheckingRetrace& retrace, const std::vector<OpCall>& other) const;
 
   /// Replays the captured top-level ops against the held tensors. Returns

@@ -21,6 +21,7 @@
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/lift_fresh.h>
 #include <ATen/ops/matmul.h>
+#include <ATen/ops/max.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/neg.h>
@@ -760,6 +761,61 @@ TEST(CapturedForward, AnOpSequenceFollowsValuesOnlyAfterAValueReadOnTheHost) {
   lazy();
   lazy_cold.stop();
   EXPECT_FALSE(lazy_capture.follows_values(lazy_retrace, lazy_cold.ops()));
+}
+
+// Note [An op sequence that follows the weights] in forward_checks.cc: the
+// same ops handed other numbers follow the values where the capture read a
+// value on the host before the first such call, and another run hands the
+// retrace's numbers; a number with no read before it (one post-processing
+// computed, which a graph bakes in) is named but never follows the values.
+TEST(CapturedForward, NewNumbersFollowTheValuesOnlyAfterAReadOnTheHost) {
+  struct Row {
+    const char* what;
+    bool read_in_forward;       // the scale read with item() by the forward, or kept by the caller
+    bool other_hands_retraces;  // the other run hands the retrace's number
+    bool follows;
+  };
+  for (const Row& row : {
+           Row{"read by the forward, another run agrees", true, true, true},
+           Row{"read by the forward, another run hands a third number", true, false, false},
+           Row{"kept by post-processing (baked)", false, true, false},
+       }) {
+    at::Tensor w = at::ones({4, 4});
+    const at::Tensor x = at::randn({2, 4});
+    double kept = 2.0;  // post-processing's number
+    auto forward = [&] {
+      const at::Tensor y = at::mm(x, w.t());
+      const double scale = row.read_in_forward ? at::max(w).item<double>() : kept;
+      return at::mul(y, scale);
+    };
+    CapturedForward capture(forward);
+    w.fill_(3.0);  // a correct reload
+    kept = 3.0;
+    CheckingRetrace retrace(capture);
+    forward();
+    retrace.stop();
+    const std::optional<ReadChange> numbers = capture.new_numbers(retrace);
+    ASSERT_TRUE(numbers.has_value()) << row.what;
+    EXPECT_NE(numbers->what.find("(aten::mul.Scalar) handed other numbers"), std::string::npos)
+        << row.what << ": " << numbers->what;
+    EXPECT_EQ(capture.can_follow_values(retrace), row.read_in_forward) << row.what;
+    if (!row.other_hands_retraces) {
+      w.fill_(5.0);
+      kept = 5.0;
+    }
+    ReadTrace other(capture_trace_options());
+    forward();
+    other.stop();
+    EXPECT_EQ(capture.follows_values(retrace, other.ops()), row.follows) << row.what;
+  }
+  // The same numbers: nothing to name.
+  at::Tensor w = at::ones({4, 4});
+  auto forward = [&] { return at::mul(w, at::max(w).item<double>()); };
+  CapturedForward capture(forward);
+  CheckingRetrace retrace(capture);
+  forward();
+  retrace.stop();
+  EXPECT_FALSE(capture.new_numbers(retrace).has_value());
 }
 
 // Note [A read of values no op makes] in read_trace.h: a forward that reads

@@ -3,9 +3,10 @@ hub, no download), reloaded the way an RL trainer's weight sync reloads
 them, for python/tests/real/test_real_models.py and bench/check_bench.py.
 
 A ``ModelCase`` is one ``check_reload`` call: an architecture (Llama with
-tied embeddings, Qwen3, Qwen2-MoE, Mixtral, JetMoE, GPT-2, Recurrent Gemma, Mamba), how the model is built
-(eager in float32 or bfloat16, ``model.compile()`` with a backend, torchao int8
-weight-only, or bitsandbytes 4-bit / 8-bit linears), how a checkpoint is loaded and
+tied embeddings, Qwen3, Qwen2-MoE, Mixtral, JetMoE with 8 and with 4 experts,
+GPT-2, Recurrent Gemma, Mamba), how the model is built (eager in float32 or
+bfloat16, ``model.compile()`` with a backend, torchao int8 weight-only, or
+bitsandbytes 4-bit / 8-bit linears), how a checkpoint is loaded and
 post-processed, and what must be flagged (None for a correct reload):
 
 - ``load_state_dict``: every tensor copied into the parameter it names, as
@@ -58,9 +59,14 @@ def _config(arch: str) -> Any:
                                  num_experts=4, num_experts_per_tok=2)
     if arch == "mixtral":
         return tf.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2)
-    if arch == "jetmoe":  # sizes its experts' splits with tolist(): no op reads the values
+    if arch in ("jetmoe", "jetmoe4"):
+        # Sizes its experts' splits with tolist(), which no op makes. With 8
+        # experts new weights change which experts get tokens (the ops); with
+        # 4 every expert gets some, and only the split sizes (the numbers the
+        # ops are handed) change.
         return tf.JetMoeConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                               num_key_value_heads=2, kv_channels=16, num_local_experts=8, num_experts_per_tok=2,
+                               num_key_value_heads=2, kv_channels=16, num_experts_per_tok=2,
+                               num_local_experts=8 if arch == "jetmoe" else 4,
                                max_position_embeddings=64, bos_token_id=0, eos_token_id=0, pad_token_id=0)
     if arch == "gpt2":  # Conv1D projections, learned positions, dropout (eval: none drawn)
         return tf.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64,
@@ -297,7 +303,7 @@ def _compiled(arch: str, backend: str) -> Callable[[], torch.nn.Module]:
     return make
 
 
-ARCHS = ("llama", "qwen3", "qwen2_moe", "mixtral", "jetmoe", "gpt2", "recurrent_gemma", "mamba")
+ARCHS = ("llama", "qwen3", "qwen2_moe", "mixtral", "jetmoe", "jetmoe4", "gpt2", "recurrent_gemma", "mamba")
 #: the architectures with a rotary embedding (rope_rebuilt applies)
 ROTARY = ("llama", "qwen3", "qwen2_moe", "mixtral")
 
