@@ -593,24 +593,44 @@ bool CapturedForward::can_follow_values(const CheckingRetrace& retrace) const {
 
 bool CapturedForward::follows_values(const CheckingRetrace& retrace,
                                      const std::vector<OpCall>& other) const {
-  const size_t n = retrace.calls();
-  if (other.size() < n || !can_follow_values(retrace)) return false;
+  if (!can_follow_values(retrace)) return false;
+  // The top-level calls of each run are compared: a nested call is the
+  // work of the call above it, and which callees a call records also
+  // follows how its code was compiled (a forward torch.compile recompiled
+  // for new sizes runs each op once more through Python's dispatcher).
   const std::vector<OpCall>& captured = trace_->ops();
   const std::vector<OpCall>& kept = retrace.kept();
-  const size_t first = other.size() - n;
+  struct Call {
+    const OpCall* call;
+    bool new_numbers;  // handed other numbers than the captured call
+  };
+  std::vector<Call> ours;
   size_t k = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const OpCall& theirs = other[first + i];
+  for (size_t i = 0; i < retrace.calls(); ++i) {
     if (k < kept.size() && retrace.position(k) == i) {
       const OpCall& call = kept[k++];
-      if (!same_op(call, theirs)) return false;
-      // New numbers are the forward's only if another run hands them too.
-      if (i < captured.size() && same_op(captured[i], call) && other_numbers(captured[i], call) &&
-          !(theirs.constants_known && theirs.constants == call.constants)) {
-        return false;
-      }
-    } else if (i >= captured.size() || !same_op(captured[i], theirs)) {
-      return false;  // dropped: the captured call at its position
+      if (call.depth != 0) continue;
+      ours.push_back({&call, i < captured.size() && same_op(captured[i], call) &&
+                                 other_numbers(captured[i], call)});
+    } else if (i < captured.size()) {
+      if (captured[i].depth == 0) ours.push_back({&captured[i], false});  // dropped: as captured
+    } else {
+      return false;
+    }
+  }
+  std::vector<const OpCall*> theirs;
+  for (const OpCall& call : other) {
+    if (call.depth == 0) theirs.push_back(&call);
+  }
+  if (theirs.size() < ours.size()) return false;
+  const size_t first = theirs.size() - ours.size();
+  for (size_t j = 0; j < ours.size(); ++j) {
+    const OpCall& mine = *ours[j].call;
+    const OpCall& their = *theirs[first + j];
+    if (!same_op(mine, their)) return false;
+    // New numbers are the forward's only if another run hands them too.
+    if (ours[j].new_numbers && !(their.constants_known && their.constants == mine.constants)) {
+      return false;
     }
   }
   return true;

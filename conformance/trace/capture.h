@@ -196,14 +196,16 @@ class CapturedForward {
   /// Whether the retrace's change follows the values the forward computed,
   /// and does so in `other` (a full trace of another run of the forward; a
   /// cold load's, whose load and post-processing come before its forward):
-  /// can_follow_values(), and the retrace called the ops the last calls of
-  /// `other` made, in order, each the same op at the same depth with as
-  /// many reads and objects (same_op), a call the retrace did not keep being
-  /// the captured call at its position, and where the retrace handed the
-  /// captured op other numbers, `other` handed the retrace's. What tells a
-  /// forward whose ops or numbers follow the weights (Note [An op sequence
-  /// that follows the weights] in conformance/harness/forward_checks.cc)
-  /// from one a reload changed.
+  /// can_follow_values(), and the retrace's top-level calls are the last
+  /// top-level calls of `other`, in order, each the same op with as many
+  /// reads and objects (same_op), a call the retrace did not keep being the
+  /// captured call at its position, and where the retrace handed the
+  /// captured op other numbers, `other` handed the retrace's. Nested calls
+  /// are left out: they are the work of the call above them, and which ones
+  /// a call records also follows how it was compiled. What tells a forward
+  /// whose ops or numbers follow the weights (Note [An op sequence that
+  /// follows the weights] in conformance/harness/forward_checks.cc) from
+  /// one a reload changed.
   bool follows_values(const CheckingRetrace& retrace, const std::vector<OpCall>& other) const;
 
   /// Replays the captured top-level ops against the held tensors. Returns

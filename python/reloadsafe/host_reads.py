@@ -51,7 +51,10 @@ def _noting(method: Callable[..., Any]) -> Callable[..., Any]:
             torch.ops.reloadsafe.host_read(self)
         return method(self, *args, **kwargs)
 
-    return noted
+    # Run, never traced, by torch.compile: traced into a graph the op, which
+    # returns nothing, is dropped as dead code, and the read would go unseen
+    # (a compiled forward breaks its graph at tolist() anyway).
+    return torch.compiler.disable(noted)
 
 
 @contextlib.contextmanager

@@ -59,6 +59,40 @@ def test_ops_chosen_by_values_read_without_an_op_follow_the_weights(read):
     assert all("ops follow the weights' values" in m for m in messages), report.table()
 
 
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_the_same_routing_compiled_follows_the_weights(backend):
+    # torch.compile breaks its graph at tolist() and, after a reload that
+    # routes otherwise, compiles the rest again for the new split sizes (with
+    # symbolic sizes, whose ops run once more through Python's dispatcher):
+    # still the forward's own routing, which a cold load of the checkpoint
+    # repeats.
+    def build():
+        layer = CountedExperts("tolist")
+        layer.compile(backend=backend)
+        return layer
+
+    torch._dynamo.reset()
+    x = torch.randn(ROWS, DIM, generator=torch.Generator().manual_seed(0))
+    report = check_reload(build, x, reloads=4)
+    assert report.ok and not report.errors, report.table()
+    messages = _messages(report)
+    assert len(messages) == len(reloadsafe.MODES), report.table()
+    assert all("ops follow the weights' values" in m for m in messages), report.table()
+
+
+def test_a_read_in_compiled_code_is_noted_too():
+    # Traced into a graph, the op (which returns nothing) would be dropped as
+    # dead code: the noting method runs outside the compiler.
+    torch._dynamo.reset()
+    total = torch.compile(lambda t: (t * 2).sum().tolist(), backend="aot_eager")
+    t = torch.arange(6.0)
+    with noting_host_reads():
+        total(t)
+        with reloadsafe.trace() as tr:
+            assert total(t) == 30.0
+    assert [op.depth for op in tr.ops if op.name == "reloadsafe::host_read"] == [0], [op.name for op in tr.ops]
+
+
 def test_without_the_note_the_same_routing_is_flagged(monkeypatch):
     monkeypatch.setattr(check_module, "noting_host_reads", contextlib.nullcontext)
     report = _check("tolist")
