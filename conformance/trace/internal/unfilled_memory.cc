@@ -8,6 +8,7 @@
 #include <ATen/core/enum_tag.h>
 
 #include <algorithm>
+#include <string_view>
 #include <unordered_set>
 
 namespace reloadsafe::trace {
@@ -41,6 +42,24 @@ bool writes_metadata_only(const c10::OperatorHandle& op, const std::string& name
 bool fills(const c10::OperatorHandle& op, const std::string& name, const c10::Argument& arg) {
   if (name == "aten::resize_" || name == "aten::set_") return false;
   return arg.is_out() || !op.hasTag(at::Tag::pointwise);
+}
+
+// Whether `op` is the out-of-place form of an op that fills its first
+// argument: index_put for index_put_, copy for copy_, and the *_scatter ops
+// (slice_scatter for a copy_ into a slice). Functionalization (torch.compile
+// with AOTAutograd) writes every in-place op of the forward in that form:
+// the result is the argument with the same positions written, and the
+// argument is read only for the positions the op leaves, as the in-place
+// op leaves them.
+bool fills_out_of_place(const c10::OperatorHandle& op, const std::string& name) {
+  constexpr std::string_view kScatter = "_scatter";
+  if (name.size() > kScatter.size() &&
+      name.compare(name.size() - kScatter.size(), kScatter.size(), kScatter) == 0) {
+    return true;
+  }
+  const auto in_place =
+      c10::Dispatcher::singleton().findOp({name + "_", op.schema().overload_name()});
+  return in_place.has_value() && !in_place->hasTag(at::Tag::pointwise);
 }
 
 }  // namespace
@@ -102,6 +121,8 @@ void UnfilledMemory::before(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
       if (storage == nullptr || unfilled_.count(storage) == 0) return;
       if (writes && fills(op, name, schema_args[i])) {
         unfilled_.erase(storage);  // an op fills it: a replay runs that op too
+      } else if (i == 0 && alias == nullptr && fills_out_of_place(op, name)) {
+        return;  // filled into the result; still unfilled for any other reader
       } else if (alias != nullptr && !writes) {
         alias_args_.push_back(storage);  // a view of it reads nothing; a copy does
       } else {

@@ -20,6 +20,10 @@
 // that add_() bumps). Anything else read that way was written outside the
 // dispatcher, and a replay cannot rebuild it.
 //
+// The out-of-place form of an op that fills its first argument (index_put,
+// copy, slice_scatter: what functionalization makes of index_put_ and of a
+// copy_ into a slice) fills its result the same way, and counts as no read.
+//
 // What reads no value: a factory that takes a tensor for its sizes, dtype
 // and device only (new_zeros, empty_like); an op whose result is a view of
 // the argument (its schema's alias annotation says it may, and a result on

@@ -124,6 +124,32 @@ TEST(UnfilledMemory, TellsPythonDataFromMemoryWrittenOutsideTheDispatcher) {
                                   {"aten::lift_fresh", "", {m}, {m}}};
        },
        false, ""},
+      {"index_put(), the form functionalization gives index_put_(), fills its result; the "
+       "result is read, the memory is not",
+       [](const at::Tensor& m, const at::Tensor& o) {
+         return std::vector<Call>{
+             {"aten::index_put", "", {m, c10::List<std::optional<at::Tensor>>({o}), o, false}, {o}},
+             {"aten::mul", "Tensor", {o, o}, {o}}};
+       },
+       false, ""},
+      {"slice_scatter(), a copy_() into a slice functionalized, fills its result",
+       [](const at::Tensor& m, const at::Tensor& o) {
+         return std::vector<Call>{
+             {"aten::slice_scatter", "", {m, o, 0, c10::IValue(), c10::IValue(), 1}, {o}}};
+       },
+       false, ""},
+      {"index_put() of it, then mul() of the memory itself: still unfilled",
+       [](const at::Tensor& m, const at::Tensor& o) {
+         return std::vector<Call>{
+             {"aten::index_put", "", {m, c10::List<std::optional<at::Tensor>>({o}), o, false}, {o}},
+             {"aten::mul", "Tensor", {m, o}, {o}}};
+       },
+       false, "aten::mul"},
+      {"add(), whose in-place form reads what it writes, reads it",
+       [](const at::Tensor& m, const at::Tensor& o) {
+         return std::vector<Call>{{"aten::add", "Tensor", {m, o, 1}, {o}}};
+       },
+       false, "aten::add"},
       {"an out= argument fills it",
        [](const at::Tensor& m, const at::Tensor& o) {
          return std::vector<Call>{{"aten::mul", "out", {o, o, m}, {m}},

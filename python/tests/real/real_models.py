@@ -331,6 +331,11 @@ def cases() -> list[ModelCase]:
             ModelCase(f"llama-compiled-{backend}-assign", "llama", _compiled("llama", backend), load=load_assign,
                       expected="model.embed_tokens.weight"),
         ]
+    # MoE layers compiled as a user checks them on a CPU (aot_eager traces
+    # every op): functionalized scatters into empty() (Qwen2-MoE), a graph
+    # broken at tolist() and compiled again for new split sizes (JetMoE).
+    for arch in ("qwen2_moe", "jetmoe"):
+        out.append(ModelCase(f"{arch}-compiled-aot_eager", arch, _compiled(arch, "aot_eager")))
     q = "model.layers.0.self_attn.q_proj.weight"
     out += [
         ModelCase("llama-torchao", "llama", lambda: build_torchao("llama"), load=load_torchao,
