@@ -5,7 +5,7 @@ should pass. A maintainer's search for false alarms and errors on real code,
 not a test: the configs are tiny, built here without a download, and some
 architectures reject them (their own forward raises; the check says so).
 
-    PYTHONPATH=bazel-bin/python/package_site python tools/hf_sweep.py [--bf16] [ARCH ...]
+    PYTHONPATH=bazel-bin/python/package_site python tools/hf_sweep.py [--bf16] [--compile BACKEND] [ARCH ...]
 
 With no ARCH, every decoder-only architecture transformers maps to a causal
 LM. One line per architecture: ``ok``, the names flagged, ``error`` with the
@@ -51,6 +51,23 @@ EXTRA: dict[str, dict[str, Any]] = {
                         first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8,
                         qk_nope_head_dim=8, v_head_dim=16, n_group=1, topk_group=1),
     "mamba": dict(state_size=8, expand=2, conv_kernel=4),
+    # Hybrids: two layers must hold one attention layer, or their own
+    # forward raises (no attention cache to size the mask from).
+    "jamba": dict(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
+                  num_experts=4, num_experts_per_tok=2, mamba_d_state=8),
+    "granitemoehybrid": dict(layer_types=["linear_attention", "attention"], num_local_experts=4,
+                             num_experts_per_tok=2, mamba_n_heads=4, mamba_d_head=32, mamba_d_state=8,
+                             mamba_n_groups=1, mamba_chunk_size=8),
+    "qwen3_next": dict(layer_types=["linear_attention", "full_attention"], num_experts=4, num_experts_per_tok=2,
+                       head_dim=16, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+                       linear_num_value_heads=4, moe_intermediate_size=32, shared_expert_intermediate_size=32),
+    "qwen3_5_moe_text": dict(layer_types=["linear_attention", "full_attention"], num_experts=4,
+                             num_experts_per_tok=2, head_dim=16, linear_key_head_dim=16, linear_value_head_dim=16,
+                             linear_num_key_heads=2, linear_num_value_heads=4, moe_intermediate_size=32,
+                             shared_expert_intermediate_size=32),
+    "mamba2": dict(num_heads=4, head_dim=32, state_size=8, n_groups=1, chunk_size=8, expand=2),
+    "zamba2": dict(layers_block_type=["mamba", "hybrid"], mamba_d_state=8, n_mamba_heads=4, mamba_ngroups=1,
+                   chunk_size=8),
     "recurrent_gemma": dict(head_dim=16, lru_width=64, attention_window_size=16,
                             block_types=["recurrent", "attention"]),
 }
@@ -72,7 +89,7 @@ def config(arch: str) -> Any:
     return cls(**kwargs)
 
 
-def sweep(arch: str, bf16: bool) -> tuple[str, bool]:
+def sweep(arch: str, bf16: bool, backend: str | None = None) -> tuple[str, bool]:
     """One architecture's line, and whether it counts as a failure."""
     import transformers as tf
 
@@ -84,12 +101,17 @@ def sweep(arch: str, bf16: bool) -> tuple[str, bool]:
         def build() -> torch.nn.Module:
             torch.manual_seed(0)
             model = tf.AutoModelForCausalLM.from_config(cfg).eval()
-            return model.to(torch.bfloat16) if bf16 else model
+            model = model.to(torch.bfloat16) if bf16 else model
+            if backend is not None:
+                model.compile(backend=backend)
+            return model
 
         build()
     except Exception as e:  # the model or its config, before any check
         return f"refused  {type(e).__name__}: {str(e).splitlines()[0][:160]}", False
     ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
+    if backend is not None:
+        torch._dynamo.reset()
     start = time.perf_counter()
     try:
         report = check_reload(build, ids, reloads=3, name=arch,
@@ -110,6 +132,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("archs", nargs="*")
     parser.add_argument("--bf16", action="store_true", help="the models in bfloat16")
+    parser.add_argument("--compile", metavar="BACKEND", help="each model compiled with this torch.compile "
+                        "backend (aot_eager traces every op of the graph)")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -117,7 +141,7 @@ def main(argv: list[str]) -> int:
     archs = args.archs or [a for a in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES if a not in SKIP]
     failed = 0
     for arch in archs:
-        line, bad = sweep(arch, args.bf16)
+        line, bad = sweep(arch, args.bf16, args.compile)
         failed += bad
         print(f"{arch:24} {line}", flush=True)
     print(f"{len(archs)} architectures, {failed} flagged or in error")
