@@ -98,20 +98,20 @@ void ForwardChecks::check(const Reload& reload, const at::Tensor& replayed_graph
         capture_.forward->compare(retrace, *capture_.names, sink.listing());
     const auto sequence = std::find_if(changes.begin(), changes.end(),
                                        [](const auto& c) { return c.tensor == kOpSequence; });
-    if (sequence != changes.end()) {
-      if (sequence_follows_the_weights(retrace, ckpt)) {
-        follows_the_weights = true;
-        warn_sequence_follows_the_weights(*sequence);
-        changes.erase(std::remove_if(changes.begin(), changes.end(),
-                                     [](const auto& c) { return c.tensor == kOpSequence; }),
-                      changes.end());
-      }
-    } else {
-      numbers = capture_.forward->new_numbers(retrace);
-      if (numbers && sequence_follows_the_weights(retrace, ckpt)) {
-        follows_the_weights = true;
-        warn_sequence_follows_the_weights(*numbers);
-      }
+    if (sequence == changes.end()) numbers = capture_.forward->new_numbers(retrace);
+    const trace::ReadChange* chosen = sequence != changes.end() ? &*sequence
+                                      : numbers                 ? &*numbers
+                                                                : nullptr;
+    if (chosen != nullptr && sequence_follows_the_weights(retrace, ckpt)) {
+      follows_the_weights = true;
+      warn_sequence_follows_the_weights(*chosen);
+      // What the values chose is not compared: the op sequence, and every
+      // read from the first change on.
+      const size_t first = capture_.forward->first_change(retrace);
+      changes.erase(
+          std::remove_if(changes.begin(), changes.end(),
+                         [&](const auto& c) { return c.tensor == kOpSequence || c.call >= first; }),
+          changes.end());
     }
     for (trace::ReadChange& c : changes) {
       sink.add(r, std::move(c.tensor), std::move(c.what), std::move(c.before), std::move(c.after),
@@ -181,11 +181,11 @@ void ForwardChecks::warn_sequence_follows_the_weights(const trace::ReadChange& c
       Warning{std::string(kOpSequence), "",
               "the forward's ops follow the weights' values (" + change.what +
                   (change.before.empty() ? "" : ": " + change.before + " -> " + change.after) +
-                  ", and a cold load of the same checkpoint makes the same calls): control flow "
-                  "or numbers made of tensor values read on the host (an MoE loop over the "
-                  "experts that got tokens, split sizes from tolist()) cannot be captured as one "
-                  "CUDA graph; named tensors and the reads before that op are checked, the "
-                  "capture's replay is not"});
+                  ", and a cold load of the same checkpoint makes the same calls): control "
+                  "flow, numbers or places chosen by tensor values read on the host (an MoE loop "
+                  "over the experts that got tokens, split sizes from tolist(), an expert's slice "
+                  "of a fused weight) cannot be captured as one CUDA graph; named tensors and the "
+                  "reads before that op are checked, the capture's replay is not"});
 }
 
 // `retraced`: the retraced forward's output, when the retrace made exactly

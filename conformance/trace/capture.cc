@@ -527,20 +527,22 @@ std::vector<ReadChange> CapturedForward::compare(const Kept& retrace, const Tens
       // A graph replays the captured sequence: from here on nothing lines up.
       out.push_back(ReadChange{kOpSequence, "op " + std::to_string(i) + " changed",
                                std::string(a.name) + " (depth " + std::to_string(a.depth) + ")",
-                               std::string(b.name) + " (depth " + std::to_string(b.depth) + ")",
-                               ""});
+                               std::string(b.name) + " (depth " + std::to_string(b.depth) + ")", "",
+                               i});
       return out;
     }
+    const size_t listed = out.size();
     compare_objects(a, b, names, details, out);
     compare_reads(a, b, names, details, out);
+    for (size_t c = listed; c < out.size(); ++c) out[c].call = i;
   }
   if (before.size() != retrace.calls) {
     // A call past the captured ones has nothing to be checked against: it is
     // kept, and the first is kept[k].
     const std::string extra = before.size() < retrace.calls ? std::string(kept[k].name) : "(none)";
     out.push_back(ReadChange{kOpSequence, "length changed", std::to_string(before.size()) + " ops",
-                             std::to_string(retrace.calls) + " ops (first new: " + extra + ")",
-                             ""});
+                             std::to_string(retrace.calls) + " ops (first new: " + extra + ")", "",
+                             common});
   }
   return out;
 }
@@ -554,6 +556,22 @@ bool other_numbers(const OpCall& captured, const OpCall& retraced) {
          captured.constants != retraced.constants;
 }
 
+// The first external read of the same op that the retrace took at another
+// place of the same storage (same object, data and size): where in a fused
+// weight the op reads, which an index can choose. -1 if none.
+int read_moved_within_storage(const OpCall& captured, const OpCall& retraced) {
+  for (size_t j = 0; j < captured.reads.size() && j < retraced.reads.size(); ++j) {
+    const TensorRead& a = captured.reads[j];
+    const TensorRead& b = retraced.reads[j];
+    if (a.external && b.external && a.storage != nullptr && a.storage == b.storage &&
+        a.storage_data == b.storage_data && a.storage_nbytes == b.storage_nbytes &&
+        !a.same_place(b)) {
+      return static_cast<int>(j);
+    }
+  }
+  return -1;
+}
+
 }  // namespace
 
 std::optional<ReadChange> CapturedForward::new_numbers(const CheckingRetrace& retrace) const {
@@ -562,31 +580,43 @@ std::optional<ReadChange> CapturedForward::new_numbers(const CheckingRetrace& re
   for (size_t k = 0; k < kept.size(); ++k) {
     const size_t i = retrace.position(k);
     if (i >= captured.size() || !same_op(captured[i], kept[k])) return std::nullopt;
+    const std::string op = "op " + std::to_string(i) + " (" + std::string(captured[i].name) + ")";
+    ReadChange change{kOpSequence, "", "", "", "", i};
     if (other_numbers(captured[i], kept[k])) {
-      return ReadChange{kOpSequence,
-                        "op " + std::to_string(i) + " (" + std::string(captured[i].name) +
-                            ") handed other numbers",
-                        "", "", ""};
+      change.what = op + " handed other numbers";
+      return change;
+    }
+    if (const int j = read_moved_within_storage(captured[i], kept[k]); j >= 0) {
+      const TensorRead& read = kept[k].reads[j];
+      change.what = op + " reads " +
+                    (read.arg_name.empty() ? "arg " + std::to_string(read.arg) : read.arg_name) +
+                    " at another place of its storage";
+      return change;
     }
   }
   return std::nullopt;
 }
 
-bool CapturedForward::can_follow_values(const CheckingRetrace& retrace) const {
+size_t CapturedForward::first_change(const CheckingRetrace& retrace) const {
   const std::vector<OpCall>& captured = trace_->ops();
   const std::vector<OpCall>& kept = retrace.kept();
-  // The first call that is not the captured one: before it, the capture
-  // must have read a value on the host, or nothing it computed could have
-  // chosen the ops or the numbers after it.
-  size_t changed = std::min(retrace.calls(), captured.size());
   for (size_t k = 0; k < kept.size(); ++k) {
     const size_t i = retrace.position(k);
     if (i >= captured.size() || !same_op(captured[i], kept[k]) ||
-        other_numbers(captured[i], kept[k])) {
-      changed = std::min(changed, i);
-      break;
+        other_numbers(captured[i], kept[k]) ||
+        read_moved_within_storage(captured[i], kept[k]) >= 0) {
+      return i;
     }
   }
+  return retrace.calls();
+}
+
+bool CapturedForward::can_follow_values(const CheckingRetrace& retrace) const {
+  // Before the first change the capture must have read a value on the
+  // host, or nothing it computed could have chosen the ops, the numbers or
+  // the places after it.
+  const std::vector<OpCall>& captured = trace_->ops();
+  const size_t changed = std::min(first_change(retrace), captured.size());
   return std::any_of(captured.begin(), captured.begin() + changed,
                      [](const OpCall& op) { return kinds_of(op.name).reads_values; });
 }

@@ -92,6 +92,9 @@ struct ReadChange {
   std::string after;
   /// "aten::div.Tensor arg 1 (other)"; empty for the op sequence.
   std::string read;
+  /// The position of the retrace's call it was seen at (for a changed
+  /// length, the first call past the shorter run).
+  size_t call = SIZE_MAX;
 };
 
 /// Names for storages: which named tensor, if any, a read's storage belongs
@@ -177,16 +180,24 @@ class CapturedForward {
   std::vector<ReadChange> compare(const CheckingRetrace& retrace, const TensorNames& names,
                                   bool details = true) const;
 
-  /// The first top-level call the retrace made as the captured op (same_op)
-  /// but with other numbers (its other arguments' fingerprints, both known,
-  /// differ: a scale, split sizes, a length), as "op N (aten::split_with_sizes)
-  /// handed other numbers"; nothing if there is none.
-  /// A graph replays the captured numbers.
+  /// The first call the retrace made as the captured op (same_op) but with
+  /// other numbers (a top-level call whose other arguments' fingerprints,
+  /// both known, differ: a scale, split sizes, a length) or reading an
+  /// external tensor at another place of the same storage (another expert's
+  /// slice of a fused weight), as "op N (aten::split_with_sizes) handed other
+  /// numbers" or "op N (aten::mm.out) reads mat2 at another place of its
+  /// storage", with `call` set; nothing if there is none. A graph replays
+  /// the captured numbers and places.
   std::optional<ReadChange> new_numbers(const CheckingRetrace& retrace) const;
 
+  /// The position of the first call the retrace made that is not the
+  /// captured one in a way a value could have chosen: another op, or the
+  /// op handed other numbers or reading at another place of a storage (as
+  /// new_numbers()); the number of calls if none.
+  size_t first_change(const CheckingRetrace& retrace) const;
+
   /// Whether the retrace's change can follow the values the forward
-  /// computed: before the first call that is not the captured one (another
-  /// op, or the op handed other numbers), the capture handed a tensor's
+  /// computed: before first_change(), the capture handed a tensor's
   /// values to the host (item(), nonzero(), tolist(), a comparison read as a
   /// bool: what Python control flow and Python numbers are made of). Where
   /// it cannot, no other run is worth tracing: the change is not the

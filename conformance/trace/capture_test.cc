@@ -10,6 +10,7 @@
 #include <ATen/ops/add.h>
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/alpha_dropout.h>
+#include <ATen/ops/argmax.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/dropout.h>
 #include <ATen/ops/empty.h>
@@ -816,6 +817,46 @@ TEST(CapturedForward, NewNumbersFollowTheValuesOnlyAfterAReadOnTheHost) {
   forward();
   retrace.stop();
   EXPECT_FALSE(capture.new_numbers(retrace).has_value());
+}
+
+// The same for where in a storage an op reads: an index read on the host
+// picks an expert's slice of a fused weight (torch.compile's graph reads it
+// through a view the op's arguments do not name). With no read before it,
+// the move is named and never follows the values.
+TEST(CapturedForward, AReadMovedWithinItsStorageFollowsTheValuesOnlyAfterAReadOnTheHost) {
+  for (const bool read_in_forward : {true, false}) {
+    const at::Tensor experts = at::randn({4, 3, 3});
+    // Each expert's slice, made before the forward as a compiled graph's
+    // views are: no op of the forward is handed the index.
+    std::vector<at::Tensor> slices;
+    for (int64_t e = 0; e < 4; ++e) slices.push_back(experts[e]);
+    const at::Tensor x = at::randn({2, 3});
+    at::Tensor gate = at::zeros({4});
+    int64_t kept = 1;  // post-processing's index
+    auto forward = [&] {
+      const int64_t e = read_in_forward ? at::argmax(gate).item<int64_t>() : kept;
+      return at::mm(x, slices[e]);
+    };
+    gate[1] = 1.0;
+    CapturedForward capture(forward);
+    gate[1] = 0.0;  // a correct reload routes to expert 2
+    gate[2] = 1.0;
+    kept = 2;
+    CheckingRetrace retrace(capture);
+    forward();
+    retrace.stop();
+    const std::optional<ReadChange> moved = capture.new_numbers(retrace);
+    ASSERT_TRUE(moved.has_value());
+    EXPECT_NE(moved->what.find("(aten::mm) reads mat2 at another place of its storage"),
+              std::string::npos)
+        << moved->what;
+    EXPECT_EQ(capture.first_change(retrace), moved->call);
+    EXPECT_EQ(capture.can_follow_values(retrace), read_in_forward) << moved->what;
+    ReadTrace other(capture_trace_options());
+    forward();
+    other.stop();
+    EXPECT_EQ(capture.follows_values(retrace, other.ops()), read_in_forward) << moved->what;
+  }
 }
 
 // Note [A read of values no op makes] in read_trace.h: a forward that reads

@@ -139,9 +139,10 @@ KINDS: tuple[Kind, ...] = (
          "Nothing to fix in the layer; check a compiled forward with `backend=\"aot_eager\"` to trace "
          "every op (docs/real-code.md).", "the read trace", ("not replayed",)),
     Kind("ops-follow-weights", "ops follow the weights' values", True,
-         "The forward's ops, or the numbers it hands them, depend on the values it computes and reads "
-         "on the host (an MoE loop over the experts that got tokens, split sizes from `tolist()`); a "
-         "cold load makes the same calls. No graph can capture such a forward as one.",
+         "The forward's ops, the numbers it hands them or where in a weight they read depend on the "
+         "values it computes and reads on the host (an MoE loop over the experts that got tokens, split "
+         "sizes from `tolist()`, an expert's slice of a fused weight); a cold load makes the same calls. "
+         "No graph can capture such a forward as one.",
          "Hugging Face's eager MoE layers (the values read with `.item()`, `nonzero` or `tolist()`).",
          "Nothing to fix for the reload.", "the read trace",
          ("ops follow the weights' values",)),

@@ -332,9 +332,11 @@ def cases() -> list[ModelCase]:
                       expected="model.embed_tokens.weight"),
         ]
     # MoE layers compiled as a user checks them on a CPU (aot_eager traces
-    # every op): functionalized scatters into empty() (Qwen2-MoE), a graph
-    # broken at tolist() and compiled again for new split sizes (JetMoE).
-    for arch in ("qwen2_moe", "jetmoe"):
+    # every op): functionalized scatters into empty() (Qwen2-MoE), each
+    # expert's slice of the fused weights read through a view no op is handed
+    # the index of (Mixtral), a graph broken at tolist() and compiled again
+    # for new split sizes (JetMoE).
+    for arch in ("qwen2_moe", "mixtral", "jetmoe"):
         out.append(ModelCase(f"{arch}-compiled-aot_eager", arch, _compiled(arch, "aot_eager")))
     q = "model.layers.0.self_attn.q_proj.weight"
     out += [
