@@ -85,7 +85,8 @@ void ForwardChecks::check(const Reload& reload, const at::Tensor& replayed_graph
   at::Tensor out;
   bool replays_as_retraced = false;
   bool follows_the_weights = false;
-  std::optional<trace::ReadChange> numbers;  // the first call handed other numbers
+  // The first call of a captured op handed other numbers or reading at another place.
+  std::optional<trace::ReadChange> numbers;
   const bool traced = mode_.options().trace;
   auto forward = [&] { out = mode_.live().forward(x_); };
   if (traced) {
@@ -98,7 +99,7 @@ void ForwardChecks::check(const Reload& reload, const at::Tensor& replayed_graph
         capture_.forward->compare(retrace, *capture_.names, sink.listing());
     const auto sequence = std::find_if(changes.begin(), changes.end(),
                                        [](const auto& c) { return c.tensor == kOpSequence; });
-    if (sequence == changes.end()) numbers = capture_.forward->new_numbers(retrace);
+    if (sequence == changes.end()) numbers = capture_.forward->new_arguments(retrace);
     const trace::ReadChange* chosen = sequence != changes.end() ? &*sequence
                                       : numbers                 ? &*numbers
                                                                 : nullptr;
@@ -144,10 +145,12 @@ void ForwardChecks::check(const Reload& reload, const at::Tensor& replayed_graph
 // Some forwards choose their ops by the values they compute: an MoE layer
 // written with a loop over the experts that received tokens (Hugging
 // Face's Qwen2-MoE and Mixtral) runs other ops when new weights route the
-// tokens otherwise, and one that sizes its experts' splits with tolist()
-// (JetMoE) hands the same ops other numbers. Such a retrace differs from
-// the capture after a correct reload. A CUDA graph cannot capture such a
-// forward as one graph (it replays one sequence, with the numbers it was
+// tokens otherwise; one that sizes its experts' splits with tolist()
+// (JetMoE) hands the same ops other numbers; compiled, Mixtral's loop reads
+// each expert's slice of a fused weight through a view no op is handed the
+// index of, so the same op reads another place of the same storage. Such a
+// retrace differs from the capture after a correct reload. A CUDA graph
+// cannot capture such a forward as one graph (it replays one sequence, with the numbers it was
 // captured with, and a read of values on the host is no op a graph can
 // hold), so the change is no reload bug: it is a property of the forward,
 // and the protocol tells the two apart by asking a cold load of the same
@@ -158,7 +161,8 @@ void ForwardChecks::check(const Reload& reload, const at::Tensor& replayed_graph
 // numbers: a reload that moved work from its post-processing into the
 // forward changes ops from the first, and a number post-processing
 // computed, which a graph bakes in, changes with no read before it), the
-// forward follows the weights. The reads before the first changed call
+// forward follows the weights. A read that moved to another storage is
+// never taken for a value's choice. The reads before the first changed call
 // are still compared, and every named tensor's location; the replay of
 // the capture (one routing) is not compared with a forward that routes
 // otherwise. Otherwise the change is the reload's: a changed op sequence
@@ -195,7 +199,8 @@ void ForwardChecks::warn_sequence_follows_the_weights(const trace::ReadChange& c
 // replay is known to run through: from the capture alone where it tells
 // (replays_through), else after one replay has run. `retraced_close`:
 // whether that output is close to `expected` (check() has compared them).
-// `numbers`: the first call the retrace handed other numbers, if any (what
+// `numbers`: the first call the retrace handed other numbers or read at another
+// place, if any (what
 // a replay that differs most likely shows).
 void ForwardChecks::check_replay(int r, const at::Tensor& expected, const at::Tensor* retraced,
                                  bool retraced_close,

@@ -574,7 +574,7 @@ int read_moved_within_storage(const OpCall& captured, const OpCall& retraced) {
 
 }  // namespace
 
-std::optional<ReadChange> CapturedForward::new_numbers(const CheckingRetrace& retrace) const {
+std::optional<ReadChange> CapturedForward::new_arguments(const CheckingRetrace& retrace) const {
   const std::vector<OpCall>& captured = trace_->ops();
   const std::vector<OpCall>& kept = retrace.kept();
   for (size_t k = 0; k < kept.size(); ++k) {

@@ -188,12 +188,12 @@ class CapturedForward {
   /// numbers" or "op N (aten::mm.out) reads mat2 at another place of its
   /// storage", with `call` set; nothing if there is none. A graph replays
   /// the captured numbers and places.
-  std::optional<ReadChange> new_numbers(const CheckingRetrace& retrace) const;
+  std::optional<ReadChange> new_arguments(const CheckingRetrace& retrace) const;
 
   /// The position of the first call the retrace made that is not the
   /// captured one in a way a value could have chosen: another op, or the
   /// op handed other numbers or reading at another place of a storage (as
-  /// new_numbers()); the number of calls if none.
+  /// new_arguments()); the number of calls if none.
   size_t first_change(const CheckingRetrace& retrace) const;
 
   /// Whether the retrace's change can follow the values the forward

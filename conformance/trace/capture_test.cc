@@ -795,7 +795,7 @@ TEST(CapturedForward, NewNumbersFollowTheValuesOnlyAfterAReadOnTheHost) {
     CheckingRetrace retrace(capture);
     forward();
     retrace.stop();
-    const std::optional<ReadChange> numbers = capture.new_numbers(retrace);
+    const std::optional<ReadChange> numbers = capture.new_arguments(retrace);
     ASSERT_TRUE(numbers.has_value()) << row.what;
     EXPECT_NE(numbers->what.find("(aten::mul.Scalar) handed other numbers"), std::string::npos)
         << row.what << ": " << numbers->what;
@@ -816,7 +816,7 @@ TEST(CapturedForward, NewNumbersFollowTheValuesOnlyAfterAReadOnTheHost) {
   CheckingRetrace retrace(capture);
   forward();
   retrace.stop();
-  EXPECT_FALSE(capture.new_numbers(retrace).has_value());
+  EXPECT_FALSE(capture.new_arguments(retrace).has_value());
 }
 
 // The same for where in a storage an op reads: an index read on the host
@@ -845,7 +845,7 @@ TEST(CapturedForward, AReadMovedWithinItsStorageFollowsTheValuesOnlyAfterAReadOn
     CheckingRetrace retrace(capture);
     forward();
     retrace.stop();
-    const std::optional<ReadChange> moved = capture.new_numbers(retrace);
+    const std::optional<ReadChange> moved = capture.new_arguments(retrace);
     ASSERT_TRUE(moved.has_value());
     EXPECT_NE(moved->what.find("(aten::mm) reads mat2 at another place of its storage"),
               std::string::npos)
