@@ -53,7 +53,10 @@ def _noting(method: Callable[..., Any]) -> Callable[..., Any]:
 
     # Run, never traced, by torch.compile: traced into a graph the op, which
     # returns nothing, is dropped as dead code, and the read would go unseen
-    # (a compiled forward breaks its graph at tolist() anyway).
+    # (a compiled forward breaks its graph at tolist() anyway). With
+    # capture_scalar_outputs Dynamo does not call this method: it puts one
+    # _local_scalar_dense per value into the graph, an op that reads values,
+    # so fullgraph=True still compiles and the read is still seen.
     return torch.compiler.disable(noted)
 
 
