@@ -574,41 +574,51 @@ int read_moved_within_storage(const OpCall& captured, const OpCall& retraced) {
 
 }  // namespace
 
-std::optional<ReadChange> CapturedForward::new_arguments(const CheckingRetrace& retrace) const {
+struct CapturedForward::FirstDifference {
+  enum Kind { kNone, kOtherOp, kOtherNumbers, kMovedRead } kind = kNone;
+  size_t position = 0;  // among the retrace's calls
+  size_t kept = 0;      // index in retrace.kept()
+  int read = -1;        // kMovedRead: the read that moved
+};
+
+CapturedForward::FirstDifference CapturedForward::first_difference(
+    const CheckingRetrace& retrace) const {
   const std::vector<OpCall>& captured = trace_->ops();
   const std::vector<OpCall>& kept = retrace.kept();
   for (size_t k = 0; k < kept.size(); ++k) {
     const size_t i = retrace.position(k);
-    if (i >= captured.size() || !same_op(captured[i], kept[k])) return std::nullopt;
-    const std::string op = "op " + std::to_string(i) + " (" + std::string(captured[i].name) + ")";
-    ReadChange change{kOpSequence, "", "", "", "", i};
-    if (other_numbers(captured[i], kept[k])) {
-      change.what = op + " handed other numbers";
-      return change;
+    if (i >= captured.size() || !same_op(captured[i], kept[k])) {
+      return {FirstDifference::kOtherOp, i, k};
     }
+    if (other_numbers(captured[i], kept[k])) return {FirstDifference::kOtherNumbers, i, k};
     if (const int j = read_moved_within_storage(captured[i], kept[k]); j >= 0) {
-      const TensorRead& read = kept[k].reads[j];
-      change.what = op + " reads " +
-                    (read.arg_name.empty() ? "arg " + std::to_string(read.arg) : read.arg_name) +
-                    " at another place of its storage";
-      return change;
+      return {FirstDifference::kMovedRead, i, k, j};
     }
   }
-  return std::nullopt;
+  return {FirstDifference::kNone, retrace.calls(), kept.size()};
+}
+
+std::optional<ReadChange> CapturedForward::new_arguments(const CheckingRetrace& retrace) const {
+  const FirstDifference first = first_difference(retrace);
+  if (first.kind == FirstDifference::kNone || first.kind == FirstDifference::kOtherOp) {
+    return std::nullopt;
+  }
+  const std::string op = "op " + std::to_string(first.position) + " (" +
+                         std::string(trace_->ops()[first.position].name) + ")";
+  ReadChange change{kOpSequence, "", "", "", "", first.position};
+  if (first.kind == FirstDifference::kOtherNumbers) {
+    change.what = op + " handed other numbers";
+  } else {
+    const TensorRead& read = retrace.kept()[first.kept].reads[first.read];
+    change.what = op + " reads " +
+                  (read.arg_name.empty() ? "arg " + std::to_string(read.arg) : read.arg_name) +
+                  " at another place of its storage";
+  }
+  return change;
 }
 
 size_t CapturedForward::first_change(const CheckingRetrace& retrace) const {
-  const std::vector<OpCall>& captured = trace_->ops();
-  const std::vector<OpCall>& kept = retrace.kept();
-  for (size_t k = 0; k < kept.size(); ++k) {
-    const size_t i = retrace.position(k);
-    if (i >= captured.size() || !same_op(captured[i], kept[k]) ||
-        other_numbers(captured[i], kept[k]) ||
-        read_moved_within_storage(captured[i], kept[k]) >= 0) {
-      return i;
-    }
-  }
-  return retrace.calls();
+  return first_difference(retrace).position;
 }
 
 bool CapturedForward::can_follow_values(const CheckingRetrace& retrace) const {

@@ -258,6 +258,11 @@ class CapturedForward {
                                   bool details) const;
   bool replays_as(const Kept& retrace) const;
   std::string find_unmade_read() const;
+  // The first call the retrace kept that is not the captured one (another
+  // op, other numbers, a read moved within its storage): what
+  // new_arguments() names and first_change() places.
+  struct FirstDifference;
+  FirstDifference first_difference(const CheckingRetrace& retrace) const;
 
   std::unique_ptr<Holder> holder_;  // the capture's hook; outlives trace_
   std::unique_ptr<ReadTrace> trace_;
