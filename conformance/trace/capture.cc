@@ -559,17 +559,24 @@ bool other_numbers(const OpCall& captured, const OpCall& retraced) {
 // The first external read of the same op that the retrace took at another
 // place of the same storage (same object, data and size): where in a fused
 // weight the op reads, which an index can choose. -1 if none.
+bool moved_within_storage(const TensorRead& a, const TensorRead& b) {
+  return a.external && b.external && a.storage != nullptr && a.storage == b.storage &&
+         a.storage_data == b.storage_data && a.storage_nbytes == b.storage_nbytes &&
+         !a.same_place(b);
+}
+
 int read_moved_within_storage(const OpCall& captured, const OpCall& retraced) {
   for (size_t j = 0; j < captured.reads.size() && j < retraced.reads.size(); ++j) {
-    const TensorRead& a = captured.reads[j];
-    const TensorRead& b = retraced.reads[j];
-    if (a.external && b.external && a.storage != nullptr && a.storage == b.storage &&
-        a.storage_data == b.storage_data && a.storage_nbytes == b.storage_nbytes &&
-        !a.same_place(b)) {
-      return static_cast<int>(j);
-    }
+    if (moved_within_storage(captured.reads[j], retraced.reads[j])) return static_cast<int>(j);
   }
   return -1;
+}
+
+// Whether two reads, perhaps of other storages (a cold load's own), take
+// the same place within their storage: offset, sizes, strides and dtype.
+bool same_place_in_storage(const TensorRead& a, const TensorRead& b) {
+  return a.storage_offset == b.storage_offset && a.sizes == b.sizes && a.strides == b.strides &&
+         a.dtype == b.dtype;
 }
 
 }  // namespace
@@ -642,7 +649,7 @@ bool CapturedForward::follows_values(const CheckingRetrace& retrace,
   const std::vector<OpCall>& kept = retrace.kept();
   struct Call {
     const OpCall* call;
-    bool new_numbers;  // handed other numbers than the captured call
+    const OpCall* captured;  // the captured call at its position, if the same op
   };
   std::vector<Call> ours;
   size_t k = 0;
@@ -650,10 +657,10 @@ bool CapturedForward::follows_values(const CheckingRetrace& retrace,
     if (k < kept.size() && retrace.position(k) == i) {
       const OpCall& call = kept[k++];
       if (call.depth != 0) continue;
-      ours.push_back({&call, i < captured.size() && same_op(captured[i], call) &&
-                                 other_numbers(captured[i], call)});
+      const bool as_captured = i < captured.size() && same_op(captured[i], call);
+      ours.push_back({&call, as_captured ? &captured[i] : nullptr});
     } else if (i < captured.size()) {
-      if (captured[i].depth == 0) ours.push_back({&captured[i], false});  // dropped: as captured
+      if (captured[i].depth == 0) ours.push_back({&captured[i], nullptr});  // dropped: as captured
     } else {
       return false;
     }
@@ -668,9 +675,18 @@ bool CapturedForward::follows_values(const CheckingRetrace& retrace,
     const OpCall& mine = *ours[j].call;
     const OpCall& their = *theirs[first + j];
     if (!same_op(mine, their)) return false;
-    // New numbers are the forward's only if another run hands them too.
-    if (ours[j].new_numbers && !(their.constants_known && their.constants == mine.constants)) {
+    if (ours[j].captured == nullptr) continue;
+    // New numbers and new places are the forward's only if another run
+    // hands the same numbers and reads the same places of its storages.
+    if (other_numbers(*ours[j].captured, mine) &&
+        !(their.constants_known && their.constants == mine.constants)) {
       return false;
+    }
+    for (size_t r = 0; r < mine.reads.size(); ++r) {
+      if (moved_within_storage(ours[j].captured->reads[r], mine.reads[r]) &&
+          !same_place_in_storage(mine.reads[r], their.reads[r])) {
+        return false;
+      }
     }
   }
   return true;

@@ -211,7 +211,9 @@ class CapturedForward {
   /// top-level calls of `other`, in order, each the same op with as many
   /// reads and objects (same_op), a call the retrace did not keep being the
   /// captured call at its position, and where the retrace handed the
-  /// captured op other numbers, `other` handed the retrace's. Nested calls
+  /// captured op other numbers, `other` handed the retrace's, and where it
+  /// read at another place of a storage, `other` read the same place of
+  /// its own (offset, sizes, strides). Nested calls
   /// are left out: they are the work of the call above them, and which ones
   /// a call records also follows how it was compiled. What tells a forward
   /// whose ops or numbers follow the weights (Note [An op sequence that

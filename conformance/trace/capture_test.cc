@@ -824,7 +824,19 @@ TEST(CapturedForward, NewNumbersFollowTheValuesOnlyAfterAReadOnTheHost) {
 // through a view the op's arguments do not name). With no read before it,
 // the move is named and never follows the values.
 TEST(CapturedForward, AReadMovedWithinItsStorageFollowsTheValuesOnlyAfterAReadOnTheHost) {
-  for (const bool read_in_forward : {true, false}) {
+  struct Row {
+    const char* name;
+    bool read_in_forward;  // the index comes from a value read on the host
+    int64_t other_expert;  // where another run of the forward reads
+    bool follows;
+  };
+  const Row rows[] = {
+      {"routed by the forward, repeated by another run", true, 2, true},
+      {"kept by post-processing", false, 2, false},
+      {"routed by the forward, another run reads a third place", true, 3, false},
+  };
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.name);
     const at::Tensor experts = at::randn({4, 3, 3});
     // Each expert's slice, made before the forward as a compiled graph's
     // views are: no op of the forward is handed the index.
@@ -834,7 +846,7 @@ TEST(CapturedForward, AReadMovedWithinItsStorageFollowsTheValuesOnlyAfterAReadOn
     at::Tensor gate = at::zeros({4});
     int64_t kept = 1;  // post-processing's index
     auto forward = [&] {
-      const int64_t e = read_in_forward ? at::argmax(gate).item<int64_t>() : kept;
+      const int64_t e = row.read_in_forward ? at::argmax(gate).item<int64_t>() : kept;
       return at::mm(x, slices[e]);
     };
     gate[1] = 1.0;
@@ -851,11 +863,14 @@ TEST(CapturedForward, AReadMovedWithinItsStorageFollowsTheValuesOnlyAfterAReadOn
               std::string::npos)
         << moved->what;
     EXPECT_EQ(capture.first_change(retrace), moved->call);
-    EXPECT_EQ(capture.can_follow_values(retrace), read_in_forward) << moved->what;
+    EXPECT_EQ(capture.can_follow_values(retrace), row.read_in_forward) << moved->what;
+    gate[2] = 0.0;
+    gate[row.other_expert] = 1.0;
+    kept = row.other_expert;
     ReadTrace other(capture_trace_options());
     forward();
     other.stop();
-    EXPECT_EQ(capture.follows_values(retrace, other.ops()), read_in_forward) << moved->what;
+    EXPECT_EQ(capture.follows_values(retrace, other.ops()), row.follows) << moved->what;
   }
 }
 
