@@ -6,6 +6,7 @@
 
 #include <set>
 #include <string>
+#include <string_view>
 
 namespace reloadsafe::harness {
 
@@ -20,9 +21,30 @@ ForwardCapture capture_forward(SubjectLayer& layer, const at::Tensor& x) {
   return c;
 }
 
+// Note [A compiled graph's constants]
+// A tensor made from Python data in a forward (torch.tensor(2.0)) is made
+// afresh by every eager call. A graph torch.compile traced with AOTAutograd
+// (the aot_eager backend, and Inductor's own lowering before it compiles
+// kernels) holds it instead as a constant of the graph module and copies it
+// with aten::lift_fresh_copy each call: a tensor from outside the forward
+// that no attribute of the layer reaches and no user can declare, whose
+// bytes come from the code, not a checkpoint. It is still checked like any
+// read from outside (a reload never moves it), but not reported as an
+// undeclared read: the warning would ask the author to declare a compiler's
+// constant. Only a tensor every top-level read of which is lift_fresh_copy
+// counts (its nested reads are that op's own copy); one an op of the
+// forward itself reads is an undeclared read like any other.
+namespace {
+constexpr std::string_view kConstantCopy = "aten::lift_fresh_copy";
+}  // namespace
+
 DistinctReads distinct_reads(const std::vector<CapturedRead>& reads) {
   DistinctReads out;
-  std::set<const void*> declared, undeclared;
+  std::set<const void*> declared, undeclared, copied_as_constant, read_by_the_forward;
+  for (const CapturedRead& r : reads) {
+    if (r.depth != 0) continue;
+    (r.op_name == kConstantCopy ? copied_as_constant : read_by_the_forward).insert(r.storage);
+  }
   for (const CapturedRead& r : reads) {
     if (r.name == "input") continue;
     if (r.kind == CapturedRead::Kind::kSubclass || r.kind == CapturedRead::Kind::kNoStorage)
@@ -30,7 +52,10 @@ DistinctReads distinct_reads(const std::vector<CapturedRead>& reads) {
     if (r.declared) {
       if (declared.insert(r.storage).second) out.declared.push_back(&r);
     } else if (undeclared.insert(r.storage).second) {
-      out.undeclared.push_back(&r);
+      const bool constant = r.kind == CapturedRead::Kind::kTensor &&
+                            copied_as_constant.count(r.storage) != 0 &&
+                            read_by_the_forward.count(r.storage) == 0;
+      (constant ? out.constants : out.undeclared).push_back(&r);
     }
   }
   return out;

@@ -32,15 +32,19 @@ ForwardCapture capture_forward(SubjectLayer& layer, const at::Tensor& x);
 /// How many distinct tensors and objects (by storage or identity) `reads`
 /// has from outside the forward, declared and undeclared: the input, Python
 /// subclass wrappers (checked through their inner reads) and tensors without
-/// storage are not counted.
+/// storage are not counted. An undeclared tensor the forward reads only
+/// through aten::lift_fresh_copy is a constant of compiled code (Note [A
+/// compiled graph's constants]), counted apart.
 struct DistinctReads {
   std::vector<const trace::CapturedRead*> declared;
   std::vector<const trace::CapturedRead*> undeclared;  ///< the first read of each
+  std::vector<const trace::CapturedRead*> constants;   ///< the first read of each
 };
 DistinctReads distinct_reads(const std::vector<trace::CapturedRead>& reads);
 
 /// Counts the distinct tensors `capture` reads from outside into `report`
-/// (declared_reads, undeclared_reads), warns once for each undeclared one,
+/// (declared_reads, undeclared_reads; constants of compiled code in
+/// neither), warns once for each undeclared one,
 /// and throws c10::Error for a forward the trace cannot see (no op on the
 /// calling thread, or no read besides the input).
 void count_reads(const ForwardCapture& capture, ModeReport& report);

@@ -385,9 +385,13 @@ std::vector<CapturedRead> CapturedForward::reads(const TensorNames& names, bool 
       if (!r.external) continue;
       if (r.has_storage && r.no_elements()) continue;  // reads no byte: nothing a graph holds
       auto found = names.find(r);
-      CapturedRead c{
-          details ? r.where(op.name) : "", op.depth, names.label(r), found && found->declared,
-          details ? r.layout() : "",       r.storage};
+      CapturedRead c{details ? r.where(op.name) : "",
+                     op.name,
+                     op.depth,
+                     names.label(r),
+                     found && found->declared,
+                     details ? r.layout() : "",
+                     r.storage};
       if (r.subclass) {
         c.kind = CapturedRead::Kind::kSubclass;
       } else if (!r.has_storage) {
@@ -397,6 +401,7 @@ std::vector<CapturedRead> CapturedForward::reads(const TensorNames& names, bool 
     }
     for (const ObjectRead& o : op.objects) {
       CapturedRead c{details ? o.where(op.name) : "",
+                     op.name,
                      op.depth,
                      names.label(o),
                      names.named(o),

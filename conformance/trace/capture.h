@@ -62,9 +62,10 @@ namespace reloadsafe::trace {
 
 /// One external read of a captured forward, named, for reports.
 struct CapturedRead {
-  std::string op;    ///< "aten::mm arg 1 (mat2)"
-  int depth = 0;     ///< 0: an op the forward called; n: nested inside one
-  std::string name;  ///< the tensor's name, "input" or "undeclared tensor"
+  std::string op;            ///< "aten::mm arg 1 (mat2)"
+  std::string_view op_name;  ///< "aten::mm", also without details
+  int depth = 0;             ///< 0: an op the forward called; n: nested inside one
+  std::string name;          ///< the tensor's name, "input" or "undeclared tensor"
   bool declared = false;
   std::string layout;             ///< for an object: its class
   const void* storage = nullptr;  ///< identity, for counting distinct tensors

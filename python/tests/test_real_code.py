@@ -119,6 +119,37 @@ def test_a_compiled_module_gets_its_eager_twins_verdicts(backend, how):
     assert "op sequence" not in bad.flagged, bad.table()
 
 
+class PythonDataConstants(torch.nn.Module):
+    """A forward that makes tensors from Python data (Mamba's and many
+    models' ``torch.tensor(...)``): eager makes them on every call; a graph
+    AOTAutograd traced holds each as a constant and copies it
+    (``lift_fresh_copy``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = _param(OUT, IN)
+
+    def forward(self, x):
+        return (x @ self.weight.t()) * torch.tensor(2.0) + torch.arange(OUT) * torch.tensor([1])
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_a_compiled_graphs_constants_are_no_undeclared_reads(backend):
+    # Nobody can declare a compiler's constant: a warning asking to would be
+    # noise on every model that makes a tensor from Python data.
+    torch._dynamo.reset()
+
+    def make():
+        layer = PythonDataConstants()
+        layer.compile(backend=backend)
+        return layer
+
+    report = check_reload(make, _x(), reloads=RELOADS)
+    assert report.ok, report.table()
+    assert not [w for w in _warnings(report) if "not declared" in w["message"]], report.table()
+    assert all(m["undeclared_reads"] == 0 for m in report.modes.values()), report.table()
+
+
 # --- 2. Tensors a forward makes through a factory ---------------------------
 # torch.zeros, torch.arange and torch.zeros_like return a new tensor object on
 # the storage the op made, so the captured call's result and the tensor the
