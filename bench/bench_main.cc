@@ -192,12 +192,14 @@ int run_benchmarks(int argc, char** argv, const BenchMainOptions& options) {
   for (const auto& [key, value] : calibrate_dense_copy(options.copy_sizes))
     benchmark::AddCustomContext(key, value);
   benchmark::AddCustomContext("reloadsafe_references", references_of(options));
-  if (!options.informational.empty()) {
+  const auto add_prefixes = [](const char* key, const std::vector<std::string>& list) {
+    if (list.empty()) return;
     std::string prefixes;
-    for (const std::string& p : options.informational)
-      prefixes += (prefixes.empty() ? "" : ";") + p;
-    benchmark::AddCustomContext("reloadsafe_informational", prefixes);
-  }
+    for (const std::string& p : list) prefixes += (prefixes.empty() ? "" : ";") + p;
+    benchmark::AddCustomContext(key, prefixes);
+  };
+  add_prefixes("reloadsafe_informational", options.informational);
+  add_prefixes("reloadsafe_kernel_dependent", options.kernel_dependent);
 
   // Read before Initialize, which removes benchmark's flags from argv.
   const std::map<std::string, Measurement>* measured = nullptr;

@@ -69,6 +69,14 @@ struct BenchMainOptions {
   /// `reloadsafe_informational` ("a/;b/"): bench/compare.py reports their
   /// differences as information ("varies"), never as a regression.
   std::vector<std::string> informational;
+  /// Name prefixes of benchmarks whose speed depends on the operating
+  /// system's kernel (reads through the page cache: how a kernel maps and
+  /// copies cached pages changed a warm 256 MiB mapped copy 4x between two
+  /// kernels on the same CPU model). Written to the context as
+  /// `reloadsafe_kernel_dependent` ("a/;b/"): against a baseline recorded
+  /// under another kernel, bench/compare.py reports their differences as
+  /// information ("other kernel"), never as a regression.
+  std::vector<std::string> kernel_dependent;
   /// Context entries besides machine_context() (e.g. which optional
   /// benchmarks were registered).
   std::vector<ContextEntry> context;

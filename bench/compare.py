@@ -59,6 +59,10 @@ The rule (time per iteration, per benchmark, over the repetitions):
           reloadsafe_informational (name prefixes): its speed depends on state
           outside the code, such as the page cache's folio sizes after
           readahead (information).
+  other kernel  SLOWER or faster for a benchmark the binary lists in its
+          context's reloadsafe_kernel_dependent (reads through the page
+          cache), against a baseline recorded under another kernel
+          (information; A/B judges it).
 
 A limit may have alternatives ("memcpy/|stream_copy/"): the fastest of those
 measured in both runs is used.

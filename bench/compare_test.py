@@ -411,10 +411,10 @@ class FakeRunsCase(unittest.TestCase):
 
     baselines_dir = "none"  # under self.dir: A/B needs no stored baseline
 
-    def fake_runs(self, times):
+    def fake_runs(self, times, context=None):
         """run_binary writing `times[side]` (a list, one per call) as the
-        results; each call's side goes to self.calls, its repetitions to
-        self.repetitions."""
+        results, with `context`'s entries added to the binary's; each call's
+        side goes to self.calls, its repetitions to self.repetitions."""
         counters = {"head": 0, "base": 0}
         self.repetitions: list[int | None] = []
 
@@ -427,6 +427,7 @@ class FakeRunsCase(unittest.TestCase):
             data = results({"BM_A/bytes:8/real_time": [t], "BM_L/bytes:8/real_time": [5]})
             data["context"]["executable"] = binary
             data["context"]["reloadsafe_references"] = "BM_A/=BM_L/"
+            data["context"].update(context or {})
             out = os.path.join(results_dir, os.path.basename(binary) + tag + ".json")
             with open(out, "w") as f:
                 json.dump(data, f)
@@ -495,6 +496,35 @@ class InformationalTest(unittest.TestCase):
         self.assertEqual(got, ["differs", "differs", "differs"])
 
 
+class KernelDependentTest(unittest.TestCase):
+    def rows(self):
+        base, cur = bench_results.Stats("x", [10, 11, 12], []), bench_results.Stats("x", [30, 31, 32], [])
+        return [rule.Row("BM_FileCopy/cpu/warm/a", base, cur, 3.0, 3.0, "SLOWER"),
+                rule.Row("BM_Replace/a", base, cur, 3.0, 3.0, "SLOWER"),
+                rule.Row("BM_FileCopy/cpu/cold/a", cur, base, 0.3, 0.3, "faster"),
+                rule.Row("BM_FileCopy/cpu/warm/b", base, base, 1.0, 1.0, "ok")]
+
+    def test_under_another_kernel_only_the_kernel_dependent_benchmarks_stop_gating(self):
+        # Table: (same machine, other kernel) -> verdicts.
+        cases = [
+            (True, True, ["other kernel", "SLOWER", "other kernel", "ok"]),
+            (True, False, ["SLOWER", "SLOWER", "faster", "ok"]),
+            (False, True, ["differs", "differs", "differs", "ok"]),
+        ]
+        ctx = {"reloadsafe_kernel_dependent": "BM_FileCopy/"}
+        for same_machine, other_kernel, want in cases:
+            with self.subTest(same_machine=same_machine, other_kernel=other_kernel):
+                got = rule.gating_verdicts(self.rows(), same_machine, other_kernel=other_kernel,
+                                           kernel_dependent=rule.parse_kernel_dependent(ctx))
+                self.assertEqual([r.verdict for r in got], want)
+
+    def test_the_kernel_is_the_release_without_the_build_details(self):
+        a = {"kernel": "Linux 6.18.44-fc-v657 x86_64"}
+        self.assertTrue(rule.same_kernel(a, dict(a)))
+        self.assertFalse(rule.same_kernel(a, {"kernel": "Linux 6.18.44-fc-v1272 x86_64"}))
+        self.assertTrue(rule.same_kernel(a, {}))  # a baseline without one: nothing to tell
+
+
 class StoredBaselineRunTest(FakeRunsCase):
     """Without --base, each repetition is a process of its own (Note
     [Repetitions are processes]), recorded and compared as such."""
@@ -515,6 +545,23 @@ class StoredBaselineRunTest(FakeRunsCase):
         self.assertEqual(rc, 0, out)
         # ...every process beyond it is.
         self.fake_runs({"head": [30, 31, 32]})
+        rc, out = self.run_main("--repetitions", "3", "fake_bench")
+        self.assertEqual(rc, 1, out)
+        self.assertIn("SLOWER", out)
+
+    def test_a_kernel_dependent_benchmark_does_not_gate_against_another_kernels_baseline(self):
+        def under(kernel):
+            return {"kernel": f"Linux 6.18.44-{kernel} x86_64", "reloadsafe_kernel_dependent": "BM_A/"}
+
+        self.fake_runs({"head": [10, 14, 12]}, under("fc-v657"))
+        rc, out = self.run_main("--record-missing", "--repetitions", "3", "fake_bench")
+        self.assertEqual(rc, 0, out)
+        self.fake_runs({"head": [30, 31, 32]}, under("fc-v1272"))
+        rc, out = self.run_main("--repetitions", "3", "fake_bench")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("other kernel", out)
+        self.assertIn("kernel differs from the baseline's", out)
+        self.fake_runs({"head": [30, 31, 32]}, under("fc-v657"))  # the same kernel still gates
         rc, out = self.run_main("--repetitions", "3", "fake_bench")
         self.assertEqual(rc, 1, out)
         self.assertIn("SLOWER", out)

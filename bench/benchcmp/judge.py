@@ -30,7 +30,9 @@ from .rule import (
     compare,
     gating_verdicts,
     parse_informational,
+    parse_kernel_dependent,
     parse_references,
+    same_kernel,
 )
 from .tables import print_table
 from .targets import Target, report_targets, summarize_targets
@@ -159,8 +161,11 @@ def compare_rows(cur: Current, base: Base, args: Options) -> list[Row]:
         base_stats = {n: s for n, s in base_stats.items() if matches_filter(args.filter, n)}
     references = parse_references(cur.context) or parse_references(base.context)
     informational = parse_informational(cur.context) or parse_informational(base.context)
+    kernel_dependent = parse_kernel_dependent(cur.context) or parse_kernel_dependent(base.context)
     rows = gating_verdicts(compare(base_stats, cur.stats, args.threshold, references),
-                           base.same_machine, informational)
+                           base.same_machine, informational,
+                           other_kernel=not same_kernel(base.context, cur.context),
+                           kernel_dependent=kernel_dependent)
     print_table(rows, args.threshold, gating=base.same_machine)
     return rows
 

@@ -167,11 +167,26 @@ def parse_informational(context: Context) -> list[str]:
     return [p for p in str(context.get("reloadsafe_informational", "")).split(";") if p]
 
 
+def parse_kernel_dependent(context: Context) -> list[str]:
+    """Name prefixes from a context's reloadsafe_kernel_dependent ("a/;b/"):
+    benchmarks whose speed depends on the operating system's kernel."""
+    return [p for p in str(context.get("reloadsafe_kernel_dependent", "")).split(";") if p]
+
+
+def same_kernel(base_ctx: Context, cur_ctx: Context) -> bool:
+    """Whether two contexts name the same kernel (or either names none)."""
+    b, c = base_ctx.get("kernel"), cur_ctx.get("kernel")
+    return b is None or c is None or str(b).split(" (")[0] == str(c).split(" (")[0]
+
+
 def gating_verdicts(rows: Iterable[Row], same_machine: bool,
-                    informational: Sequence[str] = ()) -> list[Row]:
+                    informational: Sequence[str] = (), other_kernel: bool = False,
+                    kernel_dependent: Sequence[str] = ()) -> list[Row]:
     """The rows' verdicts as they count: against another machine's baseline,
     SLOWER and faster become "differs"; for a benchmark the binary calls
-    informational, "varies" (both information, never a failure)."""
+    informational, "varies"; with `other_kernel` (the baseline was recorded
+    under another kernel), for a benchmark the binary calls kernel
+    dependent, "other kernel" (all information, never a failure)."""
     out = []
     for row in rows:
         if row.verdict in ("SLOWER", "faster"):
@@ -179,5 +194,7 @@ def gating_verdicts(rows: Iterable[Row], same_machine: bool,
                 row = dataclasses.replace(row, verdict="differs")
             elif any(row.name.startswith(p) for p in informational):
                 row = dataclasses.replace(row, verdict="varies")
+            elif other_kernel and any(row.name.startswith(p) for p in kernel_dependent):
+                row = dataclasses.replace(row, verdict="other kernel")
         out.append(row)
     return out

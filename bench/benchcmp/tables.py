@@ -59,6 +59,11 @@ def summary_lines(counts: dict[str, int], threshold: float, gating: bool) -> lis
     if "varies" in counts:
         lines.append("(varies = SLOWER or faster, for a benchmark whose speed depends on state "
                      "outside the code (its binary's reloadsafe_informational): information)")
+    if "other kernel" in counts:
+        lines.append("(other kernel = SLOWER or faster, for a benchmark whose speed depends on the "
+                     "kernel (its binary's reloadsafe_kernel_dependent), against a baseline recorded "
+                     "under another kernel: information; A/B with --base judges it, or record this "
+                     "machine's baseline again under this kernel)")
     return lines
 
 
