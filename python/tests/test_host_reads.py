@@ -93,16 +93,16 @@ def test_a_read_in_compiled_code_is_noted_too():
     assert [op.depth for op in tr.ops if op.name == "reloadsafe::host_read"] == [0], [op.name for op in tr.ops]
 
 
-def test_a_read_compiled_into_one_graph_is_an_op_the_trace_sees(monkeypatch):
+def test_a_read_compiled_into_one_graph_is_an_op_the_trace_sees():
     # With capture_scalar_outputs, Dynamo traces tolist() itself into the
     # graph as one _local_scalar_dense per value (an op that reads values),
     # without calling the noting method: fullgraph compiles, and the reads
-    # are still seen.
-    monkeypatch.setattr(torch._dynamo.config, "capture_scalar_outputs", True)
+    # are still seen. (Patched through the config's own API: on torch 2.15
+    # pytest's monkeypatch deletes a config entry when it restores it.)
     torch._dynamo.reset()
     sizes = torch.compile(lambda t: (t > 0).sum(0).tolist(), backend="aot_eager", fullgraph=True)
     t = torch.tensor([[1.0, -1.0], [2.0, 3.0]])
-    with noting_host_reads():
+    with torch._dynamo.config.patch(capture_scalar_outputs=True), noting_host_reads():
         sizes(t)
         with reloadsafe.trace() as tr:
             assert sizes(t) == [2, 1]
