@@ -53,7 +53,11 @@ void print_trace(const reloadsafe::harness::Backend& backend, const c10::Device&
   }
   const DistinctReads distinct = distinct_reads(reads);
   std::cout << "  tensors read: " << distinct.declared.size() << " declared, "
-            << distinct.undeclared.size() << " undeclared\n\n";
+            << distinct.undeclared.size() << " undeclared";
+  if (!distinct.constants.empty()) {
+    std::cout << ", " << distinct.constants.size() << " constants of compiled code";
+  }
+  std::cout << "\n\n";
 }
 
 }  // namespace
