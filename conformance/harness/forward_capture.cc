@@ -24,16 +24,17 @@ ForwardCapture capture_forward(SubjectLayer& layer, const at::Tensor& x) {
 // Note [A compiled graph's constants]
 // A tensor made from Python data in a forward (torch.tensor(2.0)) is made
 // afresh by every eager call. A graph torch.compile traced with AOTAutograd
-// (the aot_eager backend, and Inductor's own lowering before it compiles
-// kernels) holds it instead as a constant of the graph module and copies it
-// with aten::lift_fresh_copy each call: a tensor from outside the forward
-// that no attribute of the layer reaches and no user can declare, whose
-// bytes come from the code, not a checkpoint. It is still checked like any
-// read from outside (a reload never moves it), but not reported as an
-// undeclared read: the warning would ask the author to declare a compiler's
-// constant. Only a tensor every top-level read of which is lift_fresh_copy
-// counts (its nested reads are that op's own copy); one an op of the
-// forward itself reads is an undeclared read like any other.
+// and runs op by op (the aot_eager backend) holds it instead as a constant
+// of the graph module and copies it with aten::lift_fresh_copy on each call
+// (Inductor folds it into its kernels, which the trace does not see). Such a
+// tensor comes from outside the forward, yet no attribute of the layer
+// reaches it, no author can declare it, and its bytes come from the code,
+// not a checkpoint. It is still checked like any read from outside (a reload
+// never moves it), but not reported as an undeclared read: the warning would
+// ask the author to declare a compiler's constant. Only a tensor every
+// top-level read of which is lift_fresh_copy counts (its nested reads are
+// that op's own copy); one an op of the forward itself reads is an
+// undeclared read like any other.
 namespace {
 constexpr std::string_view kConstantCopy = "aten::lift_fresh_copy";
 }  // namespace

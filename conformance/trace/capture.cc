@@ -561,15 +561,17 @@ bool other_numbers(const OpCall& captured, const OpCall& retraced) {
          captured.constants != retraced.constants;
 }
 
-// The first external read of the same op that the retrace took at another
-// place of the same storage (same object, data and size): where in a fused
-// weight the op reads, which an index can choose. -1 if none.
+// Whether read `b` is read `a` (both from outside the forward) taken at
+// another place of the same storage (same object, data and size).
 bool moved_within_storage(const TensorRead& a, const TensorRead& b) {
   return a.external && b.external && a.storage != nullptr && a.storage == b.storage &&
          a.storage_data == b.storage_data && a.storage_nbytes == b.storage_nbytes &&
          !a.same_place(b);
 }
 
+// The first read of the same op that the retrace took at another place of
+// the same storage: where in a fused weight the op reads, which an index
+// can choose. -1 if none.
 int read_moved_within_storage(const OpCall& captured, const OpCall& retraced) {
   for (size_t j = 0; j < captured.reads.size() && j < retraced.reads.size(); ++j) {
     if (moved_within_storage(captured.reads[j], retraced.reads[j])) return static_cast<int>(j);
