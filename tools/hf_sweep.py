@@ -86,13 +86,27 @@ SKIP = {"bart", "bert", "bert-generation", "big_bird", "bigbird_pegasus", "blend
         "roformer", "trocr", "whisper", "xlm", "xlm-roberta", "xlm-roberta-xl", "xlnet", "xmod"}
 
 
+def _small_kwargs(cls: Any, model_type: str) -> dict[str, Any]:
+    accepted = inspect.signature(cls.__init__).parameters
+    kwargs = {k: v for k, v in SMALL.items() if k in accepted}
+    kwargs.update(EXTRA.get(model_type, {}))
+    return kwargs
+
+
 def config(arch: str) -> Any:
+    """A tiny config of `arch`. A multimodal architecture's causal LM is its
+    text model, whose config is nested (``text_config``): that one is made
+    tiny too, or the model is built at its full size."""
     import transformers as tf
 
     cls = tf.CONFIG_MAPPING[arch]
-    accepted = inspect.signature(cls.__init__).parameters
-    kwargs = {k: v for k, v in SMALL.items() if k in accepted}
-    kwargs.update(EXTRA.get(arch, {}))
+    kwargs = _small_kwargs(cls, arch)
+    try:
+        text = getattr(cls(), "text_config", None)
+    except Exception:  # a config without defaults for every key: no nested text config to find
+        text = None
+    if text is not None and "text_config" not in kwargs:
+        kwargs["text_config"] = _small_kwargs(type(text), text.model_type)
     return cls(**kwargs)
 
 
