@@ -520,9 +520,9 @@ class KernelDependentTest(unittest.TestCase):
 
     def test_the_kernel_is_the_release_without_the_build_details(self):
         a = {"kernel": "Linux 6.18.44-fc-v657 x86_64"}
-        self.assertTrue(rule.same_kernel(a, dict(a)))
-        self.assertFalse(rule.same_kernel(a, {"kernel": "Linux 6.18.44-fc-v1272 x86_64"}))
-        self.assertTrue(rule.same_kernel(a, {}))  # a baseline without one: nothing to tell
+        self.assertTrue(baselines.same_kernel(a, dict(a)))
+        self.assertFalse(baselines.same_kernel(a, {"kernel": "Linux 6.18.44-fc-v1272 x86_64"}))
+        self.assertTrue(baselines.same_kernel(a, {}))  # a baseline without one: nothing to tell
 
 
 class StoredBaselineRunTest(FakeRunsCase):

@@ -98,6 +98,18 @@ def write_baseline(results_path: str, base_file: str, merge: bool) -> None:
         f.write("\n")
 
 
+def context_differs(base_ctx: Context, cur_ctx: Context, key: str) -> bool:
+    """Whether both contexts name `key` and name it differently (details in
+    parentheses left out)."""
+    b, c = base_ctx.get(key), cur_ctx.get(key)
+    return b is not None and c is not None and str(b).split(" (")[0] != str(c).split(" (")[0]
+
+
+def same_kernel(base_ctx: Context, cur_ctx: Context) -> bool:
+    """Whether two contexts name the same kernel (or either names none)."""
+    return not context_differs(base_ctx, cur_ctx, "kernel")
+
+
 def check_context(base_ctx: Context, cur_ctx: Context) -> list[str]:
     """Warnings about results that should not be compared."""
     warnings = []
@@ -105,7 +117,6 @@ def check_context(base_ctx: Context, cur_ctx: Context) -> list[str]:
         warnings.append(f"this run's binary is not optimised ({cur_ctx['reloadsafe_build']}): "
                         f"build with -c opt")
     for key in ("cpu_model", "cpu_id", "gpu", "num_cpus", "kernel", "scratch_fs", "torch_threads"):
-        b, c = base_ctx.get(key), cur_ctx.get(key)
-        if b is not None and c is not None and str(b).split(" (")[0] != str(c).split(" (")[0]:
-            warnings.append(f"{key} differs from the baseline's: {c!r} vs {b!r}")
+        if context_differs(base_ctx, cur_ctx, key):
+            warnings.append(f"{key} differs from the baseline's: {cur_ctx[key]!r} vs {base_ctx[key]!r}")
     return warnings

@@ -18,6 +18,7 @@ from .baselines import (
     describe_machine,
     find_baseline,
     machine_of,
+    same_kernel,
     write_baseline,
 )
 from .names import family_of, matches_filter
@@ -32,7 +33,6 @@ from .rule import (
     parse_informational,
     parse_kernel_dependent,
     parse_references,
-    same_kernel,
 )
 from .tables import print_table
 from .targets import Target, report_targets, summarize_targets

@@ -173,12 +173,6 @@ def parse_kernel_dependent(context: Context) -> list[str]:
     return [p for p in str(context.get("reloadsafe_kernel_dependent", "")).split(";") if p]
 
 
-def same_kernel(base_ctx: Context, cur_ctx: Context) -> bool:
-    """Whether two contexts name the same kernel (or either names none)."""
-    b, c = base_ctx.get("kernel"), cur_ctx.get("kernel")
-    return b is None or c is None or str(b).split(" (")[0] == str(c).split(" (")[0]
-
-
 def gating_verdicts(rows: Iterable[Row], same_machine: bool,
                     informational: Sequence[str] = (), other_kernel: bool = False,
                     kernel_dependent: Sequence[str] = ()) -> list[Row]:

@@ -85,8 +85,8 @@ void ForwardChecks::check(const Reload& reload, const at::Tensor& replayed_graph
   at::Tensor out;
   bool replays_as_retraced = false;
   bool follows_the_weights = false;
-  // The first call of a captured op handed other numbers or reading at another place.
-  std::optional<trace::ReadChange> numbers;
+  // The first captured op the retrace handed other numbers or read at another place.
+  std::optional<trace::ReadChange> new_args;
   const bool traced = mode_.options().trace;
   auto forward = [&] { out = mode_.live().forward(x_); };
   if (traced) {
@@ -99,9 +99,9 @@ void ForwardChecks::check(const Reload& reload, const at::Tensor& replayed_graph
         capture_.forward->compare(retrace, *capture_.names, sink.listing());
     const auto sequence = std::find_if(changes.begin(), changes.end(),
                                        [](const auto& c) { return c.tensor == kOpSequence; });
-    if (sequence == changes.end()) numbers = capture_.forward->new_arguments(retrace);
+    if (sequence == changes.end()) new_args = capture_.forward->new_arguments(retrace);
     const trace::ReadChange* chosen = sequence != changes.end() ? &*sequence
-                                      : numbers                 ? &*numbers
+                                      : new_args                ? &*new_args
                                                                 : nullptr;
     if (chosen != nullptr && sequence_follows_the_weights(retrace, ckpt)) {
       follows_the_weights = true;
@@ -131,7 +131,7 @@ void ForwardChecks::check(const Reload& reload, const at::Tensor& replayed_graph
              sink.listing() ? max_diff(out, expected) : "");
   }
   if (traced && !follows_the_weights) {
-    check_replay(r, expected, replays_as_retraced ? &out : nullptr, out_close, numbers);
+    check_replay(r, expected, replays_as_retraced ? &out : nullptr, out_close, new_args);
   }
   if (replayed_graph.defined() && !close(replayed_graph, expected)) {
     sink.add(r, "cuda graph replay",
@@ -150,24 +150,25 @@ void ForwardChecks::check(const Reload& reload, const at::Tensor& replayed_graph
 // each expert's slice of a fused weight through a view no op is handed the
 // index of, so the same op reads another place of the same storage. Such a
 // retrace differs from the capture after a correct reload. A CUDA graph
-// cannot capture such a forward as one graph (it replays one sequence, with the numbers it was
-// captured with, and a read of values on the host is no op a graph can
-// hold), so the change is no reload bug: it is a property of the forward,
-// and the protocol tells the two apart by asking a cold load of the same
-// checkpoint, traced, on the same input: if it makes the retrace's calls
-// (the same ops, and where the retrace handed an op other numbers, those
-// numbers), and the capture read a value on the host before the first call
-// that changed (without which no value could have chosen the ops or the
-// numbers: a reload that moved work from its post-processing into the
-// forward changes ops from the first, and a number post-processing
-// computed, which a graph bakes in, changes with no read before it), the
-// forward follows the weights. A read that moved to another storage is
-// never taken for a value's choice. The reads before the first changed call
-// are still compared, and every named tensor's location; the replay of
-// the capture (one routing) is not compared with a forward that routes
-// otherwise. Otherwise the change is the reload's: a changed op sequence
-// is a violation, and new numbers show in the replay, which keeps the
-// captured ones.
+// cannot capture such a forward as one graph (it replays one sequence,
+// with the numbers it was captured with, and a read of values on the host
+// is no op a graph can hold), so the change is no reload bug: it is a
+// property of the forward, and the protocol tells the two apart by asking a
+// cold load of the same checkpoint, traced, on the same input: if it makes
+// the retrace's calls (the same ops; where the retrace handed an op other
+// numbers, those numbers; where it read another place of a storage, the
+// same place of its own), and the capture read a value on the host before
+// the first call that changed (without which no value could have chosen
+// the ops or the numbers: a reload that moved work from its
+// post-processing into the forward changes ops from the first, and a
+// number post-processing computed, which a graph bakes in, changes with no
+// read before it), the forward follows the weights. A read that moved to
+// another storage is never taken for a value's choice. The reads before
+// the first changed call are still compared, and every named tensor's
+// location; the replay of the capture (one routing) is not compared with a
+// forward that routes otherwise. Otherwise the change is the reload's: a
+// changed op sequence is a violation, and new numbers show in the replay,
+// which keeps the captured ones.
 bool ForwardChecks::sequence_follows_the_weights(const trace::CheckingRetrace& retrace,
                                                  const Checkpoint& ckpt) {
   if (!capture_.forward->can_follow_values(retrace)) return false;  // no run to trace
@@ -199,12 +200,11 @@ void ForwardChecks::warn_sequence_follows_the_weights(const trace::ReadChange& c
 // replay is known to run through: from the capture alone where it tells
 // (replays_through), else after one replay has run. `retraced_close`:
 // whether that output is close to `expected` (check() has compared them).
-// `numbers`: the first call the retrace handed other numbers or read at another
-// place, if any (what
-// a replay that differs most likely shows).
+// `new_args`: the first call the retrace handed other numbers or read at
+// another place, if any (what a replay that differs most likely shows).
 void ForwardChecks::check_replay(int r, const at::Tensor& expected, const at::Tensor* retraced,
                                  bool retraced_close,
-                                 const std::optional<trace::ReadChange>& numbers) {
+                                 const std::optional<trace::ReadChange>& new_args) {
   std::optional<at::Tensor> replayed;
   std::string why;
   bool replayed_close = false;
@@ -222,12 +222,12 @@ void ForwardChecks::check_replay(int r, const at::Tensor& expected, const at::Te
   replayed_once_ = true;
   if (!replayed_close) {
     ViolationSink& sink = mode_.sink();
-    sink.add(
-        r, "replay",
-        numbers ? "the captured ops, replayed, differ from a cold load (" + numbers->what +
-                      " after the reload: a graph keeps the captured ones)"
-                : std::string("the captured ops, replayed, differ from a cold load (a stale read)"),
-        "cold load", sink.listing() ? max_diff(*replayed, expected) : "");
+    sink.add(r, "replay",
+             new_args ? "the captured ops, replayed, differ from a cold load (" + new_args->what +
+                            " after the reload: a graph keeps the captured ones)"
+                      : std::string(
+                            "the captured ops, replayed, differ from a cold load (a stale read)"),
+             "cold load", sink.listing() ? max_diff(*replayed, expected) : "");
   }
 }
 

@@ -69,7 +69,7 @@ class ForwardChecks {
   bool sequence_follows_the_weights(const trace::CheckingRetrace& retrace, const Checkpoint& ckpt);
   void warn_sequence_follows_the_weights(const trace::ReadChange& change);
   void check_replay(int r, const at::Tensor& expected, const at::Tensor* retraced,
-                    bool retraced_close, const std::optional<trace::ReadChange>& numbers);
+                    bool retraced_close, const std::optional<trace::ReadChange>& new_args);
 
   ModeContext& mode_;
   ModeReport& report_;
