@@ -16,6 +16,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace reloadsafe::trace {
@@ -239,11 +240,18 @@ class CapturedForward::Holder final : public CallHook {
     inputs_.reserve(args.size());
     for (const c10::IValue& v : args) inputs_.push_back(hold_as_captured(trace, v));
     unfilled_.before(op, args);
+    if (op.schema().name() == "aten::lift_fresh") keep_python_values(trace, args);
   }
 
   void top_level_end(const ReadTrace& /*trace*/, const c10::OperatorHandle& op,
                      c10::ArrayRef<c10::IValue> returns) override {
     unfilled_.after(op, returns);
+    for (const c10::IValue& v : returns) {
+      map_tensors(v, [&](const at::Tensor& t) -> at::Tensor {
+        if (has_plain_storage(t)) made_storages_.insert(t.storage().unsafeGetStorageImpl());
+        return t;
+      });
+    }
     held_.push_back(HeldCall{op, std::move(inputs_),
                              std::vector<c10::IValue>(returns.begin(), returns.end()),
                              CallState::current()});
@@ -253,7 +261,42 @@ class CapturedForward::Holder final : public CallHook {
   const std::vector<HeldCall>& held() const { return held_; }
   const UnfilledMemory& unfilled() const { return unfilled_; }
 
+  /// The bytes of `t`, a tensor no op made that the forward handed to
+  /// lift_fresh (Note [Python data made without an op]), as they were then;
+  /// null for any other tensor.
+  const at::Tensor* python_value(const at::Tensor& t) const {
+    auto it = python_values_.find(t.unsafeGetTensorImpl());
+    return it == python_values_.end() ? nullptr : &it->second;
+  }
+
  private:
+  // Note [Python data made without an op]
+  // PyTorch turns a Python number into a tensor without an op where it
+  // needs one on the CPU: `x[mask] = 0` (Gemma 3's multimodal forward
+  // clears its image tokens so) makes the 0 a one-element tensor straight
+  // from the CPU allocator, then hands it to lift_fresh(), which PyTorch
+  // calls on a tensor it made from data and on nothing else. The trace sees
+  // a storage the forward made that no op returned; a replay, which runs
+  // only ops, would have nothing to hand in its place. Its bytes come from
+  // the code, as a graph's constant does: the holder keeps a copy of what
+  // lift_fresh() was handed, when it was handed, and a replay hands a fresh
+  // copy of that in its place. A tensor an op made (torch.tensor(data)'s
+  // empty(), unfilled_memory.h) or one from before the forward is not
+  // kept: the replay rebuilds or reads it as any other.
+  void keep_python_values(const ReadTrace& trace, c10::ArrayRef<c10::IValue> args) {
+    for (const c10::IValue& v : args) {
+      map_tensors(v, [&](const at::Tensor& t) -> at::Tensor {
+        if (has_plain_storage(t) &&
+            !trace.classify(t.storage().unsafeGetStorageImpl()).value_or(true) &&
+            made_storages_.count(t.storage().unsafeGetStorageImpl()) == 0 &&
+            unfilled_.python_data(t.storage().unsafeGetStorageImpl()) == nullptr) {
+          python_values_.try_emplace(t.unsafeGetTensorImpl(), t.clone());
+        }
+        return t;
+      });
+    }
+  }
+
   // An external tensor is held as a new tensor object on the same storage
   // with the same layout: later rebinding of the caller's object (set_data,
   // a new parameter) does not change what the capture reads, as it would not
@@ -280,6 +323,10 @@ class CapturedForward::Holder final : public CallHook {
   std::vector<c10::IValue> inputs_;
   std::vector<HeldCall> held_;
   UnfilledMemory unfilled_;
+  // Storages a top-level call returned.
+  std::unordered_set<const c10::StorageImpl*> made_storages_;
+  // Note [Python data made without an op]: the tensor -> its bytes then.
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> python_values_;
 };
 
 CapturedForward::CapturedForward(const std::function<at::Tensor()>& forward)
@@ -343,7 +390,8 @@ std::string CapturedForward::find_unmade_read() const {
         if (unmade.empty() && has_plain_storage(t) &&
             !trace_->classify(t.storage().unsafeGetStorageImpl()).value_or(true) &&
             made.count(t.unsafeGetTensorImpl()) == 0 &&
-            made_storages.count(t.storage().unsafeGetStorageImpl()) == 0) {
+            made_storages.count(t.storage().unsafeGetStorageImpl()) == 0 &&
+            holder_->python_value(t) == nullptr) {
           const std::string text = t.toString();
           unmade = text.substr(0, text.find('\n'));
         }
@@ -742,6 +790,11 @@ std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
     auto it = made.find(t.unsafeGetTensorImpl());
     if (it != made.end()) return it->second;
     if (std::optional<at::Tensor> alias = under_another_object(t)) return *alias;
+    if (const at::Tensor* value = holder_->python_value(t)) {
+      at::Tensor fresh = value->clone();  // later ops may write it, as they did the captured one
+      made[t.unsafeGetTensorImpl()] = fresh;
+      return fresh;
+    }
     missing = t.toString();
     return t;
   };
@@ -850,7 +903,10 @@ bool CapturedForward::replays_through() const {
     for (const HeldCall& call : holder_->held()) {
       for (const c10::IValue& v : call.inputs) {
         map_tensors(v, [&](const at::Tensor& t) -> at::Tensor {
-          if (made_by_forward(t) && results.count(t.unsafeGetTensorImpl()) == 0) found = false;
+          if (made_by_forward(t) && results.count(t.unsafeGetTensorImpl()) == 0 &&
+              holder_->python_value(t) == nullptr) {
+            found = false;
+          }
           return t;
         });
       }

@@ -18,6 +18,7 @@
 #include <ATen/ops/feature_dropout.h>
 #include <ATen/ops/flatten.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/gt.h>
 #include <ATen/ops/index.h>
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/lift_fresh.h>
@@ -975,6 +976,63 @@ TEST(CapturedForward, MemoryNoOpFilledIsReplayedWhenItHoldsPythonData) {
       EXPECT_NE(why.find("aten::index_select reads memory an empty-like op made that no op wrote"),
                 std::string::npos)
           << why;
+    }
+  }
+}
+
+// Note [Python data made without an op] (capture.cc): on the CPU PyTorch
+// turns a Python number into a tensor straight from the allocator (`x[mask]
+// = 0`) and hands it to lift_fresh(). The replay hands a fresh copy of the
+// bytes lift_fresh() was handed, whatever ops write it afterwards; the same
+// kind of tensor handed to any other op is not known to be data, and the
+// replay refuses.
+TEST(CapturedForward, APythonNumberMadeWithoutAnOpIsReplayedAsData) {
+  // A one-element tensor holding `value`, made and filled with no op.
+  auto number = [](float value) {
+    at::Tensor t = at::detail::empty_cpu({}, at::kFloat);
+    *t.data_ptr<float>() = value;
+    return t;
+  };
+  struct Row {
+    const char* forward;
+    std::function<at::Tensor(const at::Tensor& w)> run;
+    bool replays;
+  };
+  const std::vector<Row> rows = {
+      {"assigned through a mask (index_put_)",
+       [&](const at::Tensor& w) {
+         at::Tensor out = w.clone();
+         out.index_put_(c10::List<std::optional<at::Tensor>>{at::gt(w, 0)},
+                        at::lift_fresh(number(0.5f)));
+         return at::mul(out, w);
+       },
+       true},
+      {"written in place after lift_fresh",
+       [&](const at::Tensor& w) {
+         at::Tensor v = at::lift_fresh(number(2.0f));
+         v.add_(1);
+         return at::mul(w, v);
+       },
+       true},
+      {"handed to an op other than lift_fresh",
+       [&](const at::Tensor& w) { return at::mul(w, number(2.0f)); }, false},
+  };
+  for (const Row& row : rows) {
+    const at::Tensor w = at::randn({4, 3});
+    const at::Tensor expected = row.run(w);
+    CapturedForward capture([&] { return row.run(w); });
+    EXPECT_EQ(capture.replays_through(), row.replays) << row.forward;
+    std::string why;
+    for (int i = 0; i < 3; ++i) {  // each replay from the bytes lift_fresh() was handed
+      const std::optional<at::Tensor> replayed = capture.replay(&why);
+      ASSERT_EQ(replayed.has_value(), row.replays) << row.forward << ": " << why;
+      if (!replayed) {
+        EXPECT_NE(why.find("aten::mul reads a tensor the forward made without an op"),
+                  std::string::npos)
+            << why;
+        break;
+      }
+      EXPECT_TRUE(at::equal(*replayed, expected)) << row.forward << ", replay " << i;
     }
   }
 }

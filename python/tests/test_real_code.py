@@ -202,6 +202,47 @@ def test_a_stale_read_behind_a_factory_made_tensor_is_flagged():
     assert "kernel[0]" in report.flagged, report.table()
 
 
+class MaskedAssignment(torch.nn.Module):
+    """A forward that assigns a Python number through a mask, as Gemma 3's
+    multimodal forward clears its image tokens (``ids[mask] = 0``): on the
+    CPU PyTorch makes the number a tensor with no op, then hands it to
+    ``lift_fresh``."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = _param(OUT, IN)
+
+    def kernel(self):
+        return self.weight
+
+    def forward(self, x):
+        out = x @ self.kernel().t()
+        out[out < 0] = 0.5
+        return out
+
+
+class StaleMaskedAssignment(MaskedAssignment):
+    """The same forward reading its weight through a copy rebuilt at each
+    post-processing: the capture keeps reading the old one."""
+
+    def __init__(self):
+        super().__init__()
+        self.packed = [self.weight.detach().clone()]
+
+    def process_weights_after_loading(self):
+        self.packed[0] = self.weight.detach().clone()
+
+    def kernel(self):
+        return self.packed[0]
+
+
+def test_a_python_number_assigned_through_a_mask_is_replayed():
+    report = check_reload(MaskedAssignment, _x(), reloads=RELOADS)
+    _clean(report)  # no "not replayed: aten::lift_fresh reads a tensor ... made without an op"
+    stale = check_reload(StaleMaskedAssignment, _x(), reloads=RELOADS)
+    assert "packed[0]" in stale.flagged, stale.table()
+
+
 # --- 3. Loads judged by what the forward reads -------------------------------
 # An engine's loader may leave a parameter padded, packed or already
 # quantized: the check must not require each checkpoint tensor to sit on the
