@@ -50,6 +50,9 @@ EXTRA: dict[str, dict[str, Any]] = {
     "deepseek_v3": dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                         first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8,
                         qk_nope_head_dim=8, v_head_dim=16, n_group=1, topk_group=1),
+    "longcat_flash": dict(num_layers=2, ffn_hidden_size=128, q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=8,
+                          qk_rope_head_dim=8, head_dim=8, v_head_dim=16, moe_topk=2, n_routed_experts=4,
+                          zero_expert_num=2, expert_ffn_hidden_size=32),
     "mamba": dict(state_size=8, expand=2, conv_kernel=4),
     # Hybrids: two layers must hold one attention layer, or their own
     # forward raises (no attention cache to size the mask from).
