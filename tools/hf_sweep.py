@@ -47,12 +47,11 @@ EXTRA: dict[str, dict[str, Any]] = {
     "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2),
     "phimoe": dict(num_local_experts=4, num_experts_per_tok=2),
     "jetmoe": dict(kv_channels=16),
-    "deepseek_v3": dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                        first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8,
-                        qk_nope_head_dim=8, v_head_dim=16, n_group=1, topk_group=1),
-    "longcat_flash": dict(num_layers=2, ffn_hidden_size=128, q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=8,
-                          qk_rope_head_dim=8, head_dim=8, v_head_dim=16, moe_topk=2, n_routed_experts=4,
-                          zero_expert_num=2, expert_ffn_hidden_size=32),
+    # Its attention has as many key/value heads as query heads: with fewer, its
+    # compiled SDPA gets mismatched shapes (eager passes).
+    "longcat_flash": dict(num_layers=2, num_key_value_heads=4, ffn_hidden_size=128, q_lora_rank=32,
+                          kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, head_dim=8, v_head_dim=16,
+                          moe_topk=2, n_routed_experts=4, zero_expert_num=2, expert_ffn_hidden_size=32),
     "mamba": dict(state_size=8, expand=2, conv_kernel=4),
     # Hybrids: two layers must hold one attention layer, or their own
     # forward raises (no attention cache to size the mask from).
@@ -81,6 +80,14 @@ EXTRA: dict[str, dict[str, Any]] = {
     "recurrent_gemma": dict(head_dim=16, lru_width=64, attention_window_size=16,
                             block_types=["recurrent", "attention"]),
 }
+# Multi-head latent attention (DeepSeek-V3 and the models built like it):
+# small ranks and head sizes that agree, each architecture taking the keys
+# its config knows. As many key/value heads as query heads: with fewer, their
+# own forward (or its compiled SDPA) gets mismatched shapes.
+MLA = dict(num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
+           v_head_dim=16, head_dim=8, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+           first_k_dense_replace=1, n_group=1, topk_group=1, index_head_dim=16, index_n_heads=2, index_topk=4)
+MLA_ARCHS = {"deepseek_v3", "glm_moe_dsa", "minicpm3", "sarvam_mla", "youtu"}
 # Encoder-decoder and encoder models transformers also maps to a causal LM:
 # their forward wants more than token ids.
 SKIP = {"bart", "bert", "bert-generation", "big_bird", "bigbird_pegasus", "blenderbot", "blenderbot-small",
@@ -92,6 +99,8 @@ SKIP = {"bart", "bert", "bert-generation", "big_bird", "bigbird_pegasus", "blend
 def _small_kwargs(cls: Any, model_type: str) -> dict[str, Any]:
     accepted = inspect.signature(cls.__init__).parameters
     kwargs = {k: v for k, v in SMALL.items() if k in accepted}
+    if model_type in MLA_ARCHS:
+        kwargs.update({k: v for k, v in MLA.items() if k in accepted})
     kwargs.update(EXTRA.get(model_type, {}))
     return kwargs
 
