@@ -79,6 +79,21 @@ def _config(arch: str) -> Any:
     if arch == "mamba":  # a sequential scan: a replay must run the forward's very kernels
         return tf.MambaConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, state_size=8, expand=2,
                               conv_kernel=4, pad_token_id=0, bos_token_id=0, eos_token_id=0)
+    if arch == "gemma3":
+        # The multimodal model on text only: its forward clears image tokens
+        # with `ids[mask] = 0`, a Python number PyTorch makes into a tensor
+        # without an op.
+        return tf.Gemma3Config(
+            text_config=dict(**common, head_dim=16, sliding_window=16, pad_token_id=0, bos_token_id=0,
+                             eos_token_id=0),
+            vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                               image_size=32, patch_size=16),
+            mm_tokens_per_image=4)
+    if arch == "deepseek_v3":  # multi-head latent attention, routed and shared experts
+        return tf.DeepseekV3Config(**{**common, "num_key_value_heads": 4}, kv_lora_rank=16, q_lora_rank=32,
+                                   qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_routed_experts=4,
+                                   num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
+                                   n_group=1, topk_group=1)
     raise ValueError(f"unknown architecture {arch!r}")
 
 
@@ -303,7 +318,8 @@ def _compiled(arch: str, backend: str) -> Callable[[], torch.nn.Module]:
     return make
 
 
-ARCHS = ("llama", "qwen3", "qwen2_moe", "mixtral", "jetmoe", "jetmoe4", "gpt2", "recurrent_gemma", "mamba")
+ARCHS = ("llama", "qwen3", "qwen2_moe", "mixtral", "jetmoe", "jetmoe4", "gpt2", "recurrent_gemma", "mamba", "gemma3",
+         "deepseek_v3")
 #: the architectures with a rotary embedding (rope_rebuilt applies)
 ROTARY = ("llama", "qwen3", "qwen2_moe", "mixtral")
 
@@ -312,8 +328,8 @@ def cases() -> list[ModelCase]:
     out: list[ModelCase] = []
     for arch in ARCHS:
         dense = lambda arch=arch: build_dense(arch)  # noqa: E731
-        embedding = {"gpt2": "transformer.wte.weight", "mamba": "backbone.embeddings.weight"}.get(
-            arch, "model.embed_tokens.weight")
+        embedding = {"gpt2": "transformer.wte.weight", "mamba": "backbone.embeddings.weight",
+                     "gemma3": "model.language_model.embed_tokens.weight"}.get(arch, "model.embed_tokens.weight")
         out += [
             ModelCase(f"{arch}", arch, dense),
             ModelCase(f"{arch}-assign", arch, dense, load=load_assign, expected=embedding),

@@ -1,5 +1,6 @@
 """check_reload on whole Hugging Face models (real_models.py): tiny Llama
-(tied embeddings), Qwen3, Qwen2-MoE, Mixtral, JetMoE and GPT-2 built from their configs,
+(tied embeddings), Qwen3, Qwen2-MoE, Mixtral, JetMoE, GPT-2, Recurrent Gemma,
+Mamba, Gemma 3 (the multimodal model, on text) and DeepSeek-V3 built from their configs,
 eager and compiled, with torchao and bitsandbytes 4-bit and 8-bit linears;
 reloaded with load_state_dict as an RL trainer's weight sync does, or
 through loaders that quantize into the packed parameters. Each correct
