@@ -245,6 +245,38 @@ class MainTest(MainCase):
         self.assertEqual(stats["BM_B/real_time"].median, 5000)  # replaced
 
 
+    def test_a_filtered_update_does_not_relabel_kernel_dependent_entries(self):
+        # Table: (benchmarks the filtered run records, its kernel) -> recorded.
+        # The stored baseline: BM_FileCopy/a (kernel-dependent) and BM_Replace/b,
+        # both under kernel A.
+        cases = [
+            ({"BM_Replace/b/real_time": [5]}, "A", True),  # same kernel: merged
+            ({"BM_Replace/b/real_time": [5]}, "B", False),  # would relabel BM_FileCopy/a
+            ({"BM_FileCopy/a/real_time": [5]}, "B", True),  # re-records every kernel-dependent one
+        ]
+        stored = os.path.join(self.baselines, "testkind", "unknown-cpu", "fake_bench.json")
+
+        def run(times, kernel):
+            data = results(times)
+            data["context"].update(kernel=f"Linux 6.18 {kernel}", reloadsafe_kernel_dependent="BM_FileCopy/")
+            return self.write(f"{kernel}.json", data)
+
+        for times, kernel, recorded in cases:
+            with self.subTest(times=times, kernel=kernel):
+                self.run_main("--update-baseline", run({"BM_FileCopy/a/real_time": [1], "BM_Replace/b/real_time": [2]},
+                                                       "A"))
+                with open(stored) as f:
+                    before = f.read()
+                name = next(iter(times)).split("/real_time")[0]
+                rc, out = self.run_main("--update-baseline", "--filter", name, run(times, kernel))
+                with open(stored) as f:
+                    after = f.read()
+                self.assertEqual(rc == 0, recorded, out)
+                self.assertEqual(after != before, recorded, out)
+                if not recorded:
+                    self.assertIn("kernel-dependent benchmarks it keeps (e.g. BM_FileCopy/a/real_time)", out)
+
+
 class MachineTest(unittest.TestCase):
     def test_machine_of(self):
         cases = [

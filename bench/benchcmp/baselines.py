@@ -77,10 +77,17 @@ def recorded_threads(baselines: str, kinds: list[str], binary_name: str) -> list
     return found
 
 
-def write_baseline(results_path: str, base_file: str, merge: bool) -> None:
+def write_baseline(results_path: str, base_file: str, merge: bool,
+                   kernel_dependent: tuple[str, ...] = ()) -> None:
     """Writes results_path as the baseline. With `merge` (a filtered run),
     replaces only the baseline's entries for the benchmarks it ran. The
-    binary's path is kept as its name: a baseline names no machine's folders."""
+    binary's path is kept as its name: a baseline names no machine's folders.
+
+    A merge keeps one context, the run's. It raises ValueError, writing
+    nothing, where that would relabel kept entries: the baseline's kernel
+    differs from the run's and it keeps benchmarks whose names start with one
+    of `kernel_dependent` (the binary's reloadsafe_kernel_dependent), which
+    would then be judged as recorded under this kernel."""
     with open(results_path) as f:
         new = json.load(f)
     if merge and os.path.exists(base_file):
@@ -88,6 +95,15 @@ def write_baseline(results_path: str, base_file: str, merge: bool) -> None:
             old = json.load(f)
         names = {b.get("run_name", b["name"]) for b in new["benchmarks"]}
         kept = [b for b in old["benchmarks"] if b.get("run_name", b["name"]) not in names]
+        old_ctx, new_ctx = old.get("context", {}), new.get("context", {})
+        relabelled = sorted({b.get("run_name", b["name"]) for b in kept
+                             if b.get("run_name", b["name"]).startswith(tuple(kernel_dependent))})
+        if relabelled and context_differs(old_ctx, new_ctx, "kernel"):
+            raise ValueError(
+                f"not merging into {os.path.basename(base_file)}: {len(relabelled)} kernel-dependent "
+                f"benchmarks it keeps (e.g. {relabelled[0]}) were recorded under kernel "
+                f"{old_ctx['kernel']!r}, and the merged file would say {new_ctx['kernel']!r}; record the "
+                f"whole binary again (no --filter), or filter to every kernel-dependent benchmark")
         new["benchmarks"] = kept + new["benchmarks"]
     context = new.get("context", {})
     if "executable" in context:

@@ -200,7 +200,12 @@ def record(cur: Current, args: Options, errors: list[str]) -> tuple[bool, str | 
         print("[compare] not recording a baseline from an unoptimised build (--force to "
               "override)")
         return False, None
-    write_baseline(cur.path, cur.own_file, merge=bool(args.filter))
+    try:
+        write_baseline(cur.path, cur.own_file, merge=bool(args.filter),
+                       kernel_dependent=tuple(parse_kernel_dependent(cur.context)))
+    except ValueError as e:
+        print(f"[compare] {e}")
+        return False, None
     print(f"[compare] baseline recorded for this machine: "
           f"{from_top(cur.own_file)} (commit it to keep it)")
     return True, from_top(cur.own_file)
