@@ -87,7 +87,8 @@ EXTRA: dict[str, dict[str, Any]] = {
 MLA = dict(num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
            v_head_dim=16, head_dim=8, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
            first_k_dense_replace=1, n_group=1, topk_group=1, index_head_dim=16, index_n_heads=2, index_topk=4)
-MLA_ARCHS = {"deepseek_v3", "glm_moe_dsa", "minicpm3", "sarvam_mla", "youtu"}
+MLA_ARCHS = {"axk1", "axk2", "deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe_lite", "glm_moe_dsa", "minicpm3",
+             "sarvam_mla", "youtu"}
 # Encoder-decoder and encoder models transformers also maps to a causal LM:
 # their forward wants more than token ids.
 SKIP = {"bart", "bert", "bert-generation", "big_bird", "bigbird_pegasus", "blenderbot", "blenderbot-small",
