@@ -244,7 +244,6 @@ class MainTest(MainCase):
         self.assertEqual(stats["BM_A/real_time"].median, 1000)  # us -> ns, kept
         self.assertEqual(stats["BM_B/real_time"].median, 5000)  # replaced
 
-
     def test_a_filtered_update_does_not_relabel_kernel_dependent_entries(self):
         # Table: (benchmarks the filtered run records, its kernel) -> recorded.
         # The stored baseline: BM_FileCopy/a (kernel-dependent) and BM_Replace/b,
