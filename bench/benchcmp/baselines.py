@@ -93,11 +93,13 @@ def write_baseline(results_path: str, base_file: str, merge: bool,
     if merge and os.path.exists(base_file):
         with open(base_file) as f:
             old = json.load(f)
-        names = {b.get("run_name", b["name"]) for b in new["benchmarks"]}
-        kept = [b for b in old["benchmarks"] if b.get("run_name", b["name"]) not in names]
+        def run_name(b: dict) -> str:
+            return b.get("run_name", b["name"])
+
+        names = {run_name(b) for b in new["benchmarks"]}
+        kept = [b for b in old["benchmarks"] if run_name(b) not in names]
         old_ctx, new_ctx = old.get("context", {}), new.get("context", {})
-        relabelled = sorted({b.get("run_name", b["name"]) for b in kept
-                             if b.get("run_name", b["name"]).startswith(tuple(kernel_dependent))})
+        relabelled = sorted({run_name(b) for b in kept if run_name(b).startswith(tuple(kernel_dependent))})
         if relabelled and context_differs(old_ctx, new_ctx, "kernel"):
             raise ValueError(
                 f"not merging into {os.path.basename(base_file)}: {len(relabelled)} kernel-dependent "

@@ -246,12 +246,6 @@ class CapturedForward::Holder final : public CallHook {
   void top_level_end(const ReadTrace& /*trace*/, const c10::OperatorHandle& op,
                      c10::ArrayRef<c10::IValue> returns) override {
     unfilled_.after(op, returns);
-    for (const c10::IValue& v : returns) {
-      map_tensors(v, [&](const at::Tensor& t) -> at::Tensor {
-        if (has_plain_storage(t)) made_storages_.insert(t.storage().unsafeGetStorageImpl());
-        return t;
-      });
-    }
     held_.push_back(HeldCall{op, std::move(inputs_),
                              std::vector<c10::IValue>(returns.begin(), returns.end()),
                              CallState::current()});
@@ -283,18 +277,35 @@ class CapturedForward::Holder final : public CallHook {
   // copy of that in its place. A tensor an op made (torch.tensor(data)'s
   // empty(), unfilled_memory.h) or one from before the forward is not
   // kept: the replay rebuilds or reads it as any other.
+  // Rare (lift_fresh), so the calls held so far are searched rather than
+  // every call's results indexed as it ends.
   void keep_python_values(const ReadTrace& trace, c10::ArrayRef<c10::IValue> args) {
     for (const c10::IValue& v : args) {
       map_tensors(v, [&](const at::Tensor& t) -> at::Tensor {
-        if (has_plain_storage(t) &&
-            !trace.classify(t.storage().unsafeGetStorageImpl()).value_or(true) &&
-            made_storages_.count(t.storage().unsafeGetStorageImpl()) == 0 &&
-            unfilled_.python_data(t.storage().unsafeGetStorageImpl()) == nullptr) {
+        if (!has_plain_storage(t)) return t;
+        const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+        if (!trace.classify(storage).value_or(true) && unfilled_.python_data(storage) == nullptr &&
+            !returned_earlier(storage)) {
           python_values_.try_emplace(t.unsafeGetTensorImpl(), t.clone());
         }
         return t;
       });
     }
+  }
+
+  // Whether a top-level call held so far returned a tensor on `storage`.
+  bool returned_earlier(const c10::StorageImpl* storage) const {
+    bool found = false;
+    for (const HeldCall& call : held_) {
+      for (const c10::IValue& out : call.outputs) {
+        map_tensors(out, [&](const at::Tensor& t) -> at::Tensor {
+          found = found || (has_plain_storage(t) && t.storage().unsafeGetStorageImpl() == storage);
+          return t;
+        });
+      }
+      if (found) return true;
+    }
+    return false;
   }
 
   // An external tensor is held as a new tensor object on the same storage
@@ -323,8 +334,6 @@ class CapturedForward::Holder final : public CallHook {
   std::vector<c10::IValue> inputs_;
   std::vector<HeldCall> held_;
   UnfilledMemory unfilled_;
-  // Storages a top-level call returned.
-  std::unordered_set<const c10::StorageImpl*> made_storages_;
   // Note [Python data made without an op]: the tensor -> its bytes then.
   std::unordered_map<const c10::TensorImpl*, at::Tensor> python_values_;
 };

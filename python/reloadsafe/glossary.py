@@ -130,7 +130,8 @@ KINDS: tuple[Kind, ...] = (
     Kind("undeclared", "read but not declared", True,
          "The forward reads a tensor the layer does not reach (or a C++ backend does not declare); it "
          "is checked like a declared one. A compiled graph's constants (Python data copied by "
-         "lift_fresh_copy) are checked the same way and not reported.", "A tensor held by a kernel object outside the layer (Z02).",
+         "lift_fresh_copy) are checked the same way and not reported.",
+         "A tensor held by a kernel object outside the layer (Z02).",
          "Reach it from the layer (an attribute), or declare it.", "the read trace", ("read but not declared",)),
     Kind("not-replayed", "not replayed", True,
          "The captured ops cannot be replayed (an op draws random numbers; code outside the dispatcher "
