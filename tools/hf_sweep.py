@@ -53,6 +53,27 @@ EXTRA: dict[str, dict[str, Any]] = {
                           kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, head_dim=8, v_head_dim=16,
                           moe_topk=2, n_routed_experts=4, zero_expert_num=2, expert_ffn_hidden_size=32),
     "mamba": dict(state_size=8, expand=2, conv_kernel=4),
+    # Its vision and audio towers, which a forward on text does not run, are
+    # nested configs of their own (870 M parameters at their defaults).
+    "phi4_multimodal": dict(
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=4, image_size=28, patch_size=14, crop_size=28),
+        audio_config=dict(hidden_size=32, intermediate_size=64, num_blocks=1, num_attention_heads=4,
+                          ext_pw_out_channel=32, depthwise_separable_out_channel=32,
+                          nemo_conv_channels=32)),
+    # Four nested configs the common keys do not reach (built at 4.6 B parameters
+    # otherwise), sized so that the encoder's cross output (hidden x cross_attn_k)
+    # is the global model's width, as in the released ones. Its cache cannot be
+    # built from the top-level config (no num_hidden_layers): forwards without it.
+    "blt": dict(encoder_hash_byte_group_vocab=64, use_cache=False,
+                patcher_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                    intermediate_size=64),
+                encoder_config=dict(hidden_size=32, hidden_size_global=64, num_attention_heads=4,
+                                    num_hidden_layers=1, intermediate_size=64),
+                decoder_config=dict(hidden_size=32, hidden_size_global=64, num_attention_heads=4,
+                                    num_hidden_layers=2, intermediate_size=64),
+                global_config=dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
+                                   intermediate_size=128)),
     # Hybrids: two layers must hold one attention layer, or their own
     # forward raises (no attention cache to size the mask from).
     "jamba": dict(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
