@@ -53,6 +53,36 @@ EXTRA: dict[str, dict[str, Any]] = {
                           kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, head_dim=8, v_head_dim=16,
                           moe_topk=2, n_routed_experts=4, zero_expert_num=2, expert_ffn_hidden_size=32),
     "mamba": dict(state_size=8, expand=2, conv_kernel=4),
+    # Linear-attention hybrids whose default pattern puts no full attention layer
+    # in the first two (their own mask then raises); their attention needs as
+    # many key/value heads as query heads.
+    "kimi_linear": dict(layer_types=["linear_attention", "full_attention"], num_key_value_heads=4,
+                        num_local_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+    "bailing_hybrid": dict(layer_types=["linear_attention", "full_attention"], num_key_value_heads=4,
+                           num_local_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+    # Its own names, nested attention and expert configs (rope_theta and clip_qkv
+    # have no usable default there).
+    "dbrx": dict(d_model=64, n_heads=4, n_layers=2, max_seq_len=64,
+                 attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=8.0),
+                 ffn_config=dict(ffn_hidden_size=128, moe_num_experts=4, moe_top_k=2)),
+    "kolibri1_1": dict(index_num_heads=2),
+    # No head_dim default of their own (None: their attention cannot scale), or
+    # helium's 128 against the common hidden size.
+    "ministral": dict(head_dim=16), "helium": dict(head_dim=16), "hunyuan_v1_dense": dict(head_dim=16),
+    "hunyuan_v1_moe": dict(head_dim=16, num_experts=4, moe_topk=2),
+    # No expert count or layer pattern by default.
+    "dots1": dict(n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=32,
+                  first_k_dense_replace=1),
+    "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_experts=4, num_experts_per_tok=2,
+                     moe_intermediate_size=32, num_dense_layers=1),
+    # Four layers, the last two reading the first two's keys and values (its
+    # default shares them from layer 15 on, which two layers cannot hold), the
+    # first two with its activation sparsity, and its per-layer input
+    # embeddings (262144 x 256 per layer at their defaults) small.
+    "gemma3n_text": dict(num_hidden_layers=4, num_kv_shared_layers=2, head_dim=16, sliding_window=16,
+                         layer_types=["sliding_attention", "full_attention"] * 2,
+                         activation_sparsity_pattern=[0.95, 0.95, 0.0, 0.0],
+                         vocab_size_per_layer_input=VOCAB, hidden_size_per_layer_input=16, laurel_rank=8),
     # Its vision and audio towers, which a forward on text does not run, are
     # nested configs of their own (870 M parameters at their defaults).
     "phi4_multimodal": dict(
