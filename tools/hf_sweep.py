@@ -66,6 +66,14 @@ EXTRA: dict[str, dict[str, Any]] = {
                  attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=8.0),
                  ffn_config=dict(ffn_hidden_size=128, moe_num_experts=4, moe_top_k=2)),
     "kolibri1_1": dict(index_num_heads=2),
+    # A decoder only when told so; its axial position embeddings must add up to
+    # the hidden size, its chunks divide the input's 8 tokens.
+    "reformer": dict(is_decoder=True, axial_pos_embds_dim=[16, 48], axial_pos_shape=[8, 8],
+                     attn_layers=["local", "lsh"], attention_head_size=16, feed_forward_size=128,
+                     local_attn_chunk_length=8, lsh_attn_chunk_length=8),
+    # Its own forward with the default cache mis-shapes the chunkwise state;
+    # without the cache it runs.
+    "xlstm": dict(num_heads=4, num_blocks=2, chunk_size=8, use_cache=False),
     # No head_dim default of their own (None: their attention cannot scale), or
     # helium's 128 against the common hidden size.
     "ministral": dict(head_dim=16), "helium": dict(head_dim=16), "hunyuan_v1_dense": dict(head_dim=16),
