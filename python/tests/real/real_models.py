@@ -4,8 +4,9 @@ them, for python/tests/real/test_real_models.py and bench/check_bench.py.
 
 A ``ModelCase`` is one ``check_reload`` call: an architecture (Llama with
 tied embeddings, Qwen3, Qwen2-MoE, Mixtral, JetMoE with 8 and with 4 experts,
-GPT-2, Recurrent Gemma, Mamba), how the model is built (eager in float32 or
-bfloat16, ``model.compile()`` with a backend, torchao int8 weight-only, or
+GPT-2, Recurrent Gemma, Mamba, Gemma 3, DeepSeek-V3, Gemma 3n's text model),
+how the model is built (eager in float32 or bfloat16, ``model.compile()``
+with a backend, torchao int8 weight-only, or
 bitsandbytes 4-bit / 8-bit linears), how a checkpoint is loaded and
 post-processed, and what must be flagged (None for a correct reload):
 
@@ -94,6 +95,15 @@ def _config(arch: str) -> Any:
                                    qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_routed_experts=4,
                                    num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
                                    n_group=1, topk_group=1)
+    if arch == "gemma3n_text":
+        # Gemma 3n's text model: its last two layers read the keys and values
+        # the first two made (KV sharing), per-layer input embeddings, AltUp's
+        # predictions and corrections, activation sparsity in the first two.
+        return tf.Gemma3nTextConfig(**{**common, "num_hidden_layers": 4}, head_dim=16, sliding_window=16,
+                                    num_kv_shared_layers=2, layer_types=["sliding_attention", "full_attention"] * 2,
+                                    activation_sparsity_pattern=[0.95, 0.95, 0.0, 0.0],
+                                    vocab_size_per_layer_input=VOCAB, hidden_size_per_layer_input=16,
+                                    laurel_rank=8, pad_token_id=0, bos_token_id=0, eos_token_id=0)
     raise ValueError(f"unknown architecture {arch!r}")
 
 
@@ -319,7 +329,7 @@ def _compiled(arch: str, backend: str) -> Callable[[], torch.nn.Module]:
 
 
 ARCHS = ("llama", "qwen3", "qwen2_moe", "mixtral", "jetmoe", "jetmoe4", "gpt2", "recurrent_gemma", "mamba", "gemma3",
-         "deepseek_v3")
+         "deepseek_v3", "gemma3n_text")
 #: the architectures with a rotary embedding (rope_rebuilt applies)
 ROTARY = ("llama", "qwen3", "qwen2_moe", "mixtral")
 

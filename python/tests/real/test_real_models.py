@@ -1,6 +1,7 @@
 """check_reload on whole Hugging Face models (real_models.py): tiny Llama
 (tied embeddings), Qwen3, Qwen2-MoE, Mixtral, JetMoE, GPT-2, Recurrent Gemma,
-Mamba, Gemma 3 (the multimodal model, on text) and DeepSeek-V3 built from their configs,
+Mamba, Gemma 3 (the multimodal model, on text), DeepSeek-V3 and Gemma 3n's text model
+built from their configs,
 eager and compiled, with torchao and bitsandbytes 4-bit and 8-bit linears;
 reloaded with load_state_dict as an RL trainer's weight sync does, or
 through loaders that quantize into the packed parameters. Each correct
