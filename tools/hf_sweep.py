@@ -66,6 +66,8 @@ EXTRA: dict[str, dict[str, Any]] = {
                  attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=8.0),
                  ffn_config=dict(ffn_hidden_size=128, moe_num_experts=4, moe_top_k=2)),
     "kolibri1_1": dict(index_num_heads=2),
+    # Its rotary parameters are keyed by layer type, with no default for one.
+    "cohere_compass_text": dict(rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e4}}),
     # A decoder only when told so; its axial position embeddings must add up to
     # the hidden size, its chunks divide the input's 8 tokens.
     "reformer": dict(is_decoder=True, axial_pos_embds_dim=[16, 48], axial_pos_shape=[8, 8],
