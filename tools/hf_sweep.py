@@ -135,6 +135,9 @@ EXTRA: dict[str, dict[str, Any]] = {
                            linear_num_value_heads=4, shared_expert_intermediate_size=32),
     "bamba": dict(attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=32, mamba_d_state=8, mamba_n_groups=1,
                   mamba_chunk_size=8),
+    # Its hybrid layers share one transformer block (tied weights), which needs
+    # two of them.
+    "zamba": dict(num_hidden_layers=4, layers_block_type=["mamba", "hybrid"] * 2, mamba_d_state=8),
     "mamba2": dict(num_heads=4, head_dim=32, state_size=8, n_groups=1, chunk_size=8, expand=2),
     "zamba2": dict(layers_block_type=["mamba", "hybrid"], mamba_d_state=8, n_mamba_heads=4, mamba_ngroups=1,
                    chunk_size=8),
