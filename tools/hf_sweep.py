@@ -130,9 +130,14 @@ EXTRA: dict[str, dict[str, Any]] = {
                              shared_expert_intermediate_size=32),
     "qwen3_5_text": dict(layer_types=["linear_attention", "full_attention"], head_dim=16, linear_key_head_dim=16,
                          linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4),
+    # Its full attention layers are indexed (a sparse-attention indexer with no
+    # default sizes), its n-gram embeddings sized from a 20 M vocabulary.
     "qwen4_exp_text": dict(layer_types=["linear_attention", "full_attention"], num_experts=4, num_experts_per_tok=2,
                            head_dim=16, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
-                           linear_num_value_heads=4, shared_expert_intermediate_size=32),
+                           linear_num_value_heads=4, shared_expert_intermediate_size=32, moe_intermediate_size=32,
+                           indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=8,
+                           indexer_compress_ratio=2, ngram_vocab_size_base=256, split_ngram_parts=4,
+                           heads_per_ngram=2),
     "bamba": dict(attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=32, mamba_d_state=8, mamba_n_groups=1,
                   mamba_chunk_size=8),
     # Its hybrid layers share one transformer block (tied weights), which needs
