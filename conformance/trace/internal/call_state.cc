@@ -11,6 +11,16 @@ CallState CallState::current() {
   // trace runs: neither is the traced code's state.
   state.keys.included_ = state.keys.included_.remove(kTraceKey);
   state.keys.excluded_ = state.keys.excluded_.remove(kTraceKey);
+  // Note [A Python mode is not replayed]
+  // A Python dispatch mode (a TorchDispatchMode: the one AOTAutograd runs a
+  // compiled graph's first call under, a user's logging mode) switches the
+  // Python keys on for the thread, and its Python object sits on a stack no
+  // replay can rebuild: an op replayed with those keys on and no mode to
+  // take it ends in PyTorch's internal assertion. The call was taken as the
+  // caller issued it, above the mode (the trace's key sits above Python's),
+  // and a graph replays the ops, not the mode: the replay runs it without.
+  state.keys.included_ = state.keys.included_.remove(c10::DispatchKey::Python)
+                             .remove(c10::DispatchKey::PythonTLSSnapshot);
   state.autograd = c10::AutogradState::get_tls_state();
   state.autocast_cpu = at::autocast::get_autocast_dtype(at::kCPU);
   state.autocast_cuda = at::autocast::get_autocast_dtype(at::kCUDA);

@@ -24,8 +24,9 @@ namespace reloadsafe::trace {
 
 /// The thread-local state a top-level op ran under, as far as it changes
 /// what the op computes: the local dispatch key set (the trace's own key
-/// taken out), the autograd state (grad and inference mode) and the
-/// autocast dtypes.
+/// taken out, and the Python keys a dispatch mode switches on: Note [A
+/// Python mode is not replayed] in call_state.cc), the autograd state (grad
+/// and inference mode) and the autocast dtypes.
 struct CallState {
   c10::impl::LocalDispatchKeySet keys{c10::impl::PODLocalDispatchKeySet{}};
   c10::AutogradState autograd{/*grad_mode=*/false, /*inference_mode=*/false,
@@ -33,7 +34,8 @@ struct CallState {
   c10::ScalarType autocast_cpu = c10::ScalarType::BFloat16;
   c10::ScalarType autocast_cuda = c10::ScalarType::Half;
 
-  /// The calling thread's state now, the trace's key taken out.
+  /// The calling thread's state now, the trace's key and the Python keys
+  /// taken out.
   static CallState current();
 };
 
