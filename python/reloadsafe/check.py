@@ -20,7 +20,7 @@ import torch
 
 from . import device_clean as _device_clean
 from ._loader import _C
-from .compiler import watch_compilations
+from .compiler import first_calls_as_later_ones, watch_compilations
 from .errors import ReloadCheckError
 from .host_reads import noting_host_reads
 from .layer_subject import (
@@ -200,7 +200,8 @@ def check_reload(
         if own_sleep is not None:
             subject.own_sleep = own_sleep
         watch_compilations()  # torch.compile's compilations are not the forward's work
-        with noting_host_reads():  # a forward's tolist() is a read of values
+        # A forward's tolist() is a read of values; a graph's first call runs as its later ones.
+        with noting_host_reads(), first_calls_as_later_ones():
             report = _C.run_subject(subject, options)
         _raise_for_a_cold_load_that_failed(subject, report)
         if device_clean:

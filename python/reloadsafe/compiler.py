@@ -14,15 +14,33 @@ a weight does.
 
 Dynamo compiles under one process-wide lock and runs its start and end
 callbacks on the compiling thread, so the stretch is that thread's.
+
+Note [A compiled graph's first call]
+AOTAutograd runs the first call of each graph it compiled under a dispatch
+mode that checks whether custom ops alias their inputs
+(``torch._functorch.config.check_custom_op_aliasing``); every later call
+runs without it. A forward that compiles a graph during a check (a
+recompilation for new sizes, a graph break whose resumed code Dynamo
+compiles anew) makes that first call inside the trace, where the mode is a
+Python dispatch: the trace sees each of the graph's ops twice (once as the
+mode runs it, one level deeper), a capture holds calls made with the
+Python key switched on, and its replay, which has no mode to hand them to,
+ends in PyTorch's internal assertion. A captured graph replays what the
+later calls run. ``first_calls_as_later_ones()`` switches the check off
+while a check or trace runs, so that a graph's first call inside it runs as
+every later one; the setting is the process's (PyTorch's config is
+global), and the first call of a graph after the block is still checked.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from ._loader import _C
 
-__all__ = ["watch_compilations"]
+__all__ = ["first_calls_as_later_ones", "watch_compilations"]
 
 def _start(_args: Any) -> None:
     _C.begin_untraced()
@@ -48,3 +66,17 @@ def watch_compilations() -> None:
         callback_handler.register_start_callback(_start)
     if _end not in callback_handler.end_callbacks:
         callback_handler.register_end_callback(_end)
+
+
+@contextlib.contextmanager
+def first_calls_as_later_ones() -> Iterator[None]:
+    """While active, a compiled graph's first call runs as its later ones do
+    (Note [A compiled graph's first call]). Nests; a torch without that
+    check is left as it is."""
+    import torch._functorch.config as config
+
+    if not getattr(config, "check_custom_op_aliasing", False):
+        yield
+        return
+    with config.patch(check_custom_op_aliasing=False):
+        yield

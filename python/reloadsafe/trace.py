@@ -42,6 +42,7 @@ graph replay still catches a stale read by such a kernel.
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +50,7 @@ from typing import Any
 import torch
 
 from ._loader import _C
-from .compiler import watch_compilations
+from .compiler import first_calls_as_later_ones, watch_compilations
 from .walk import named_objects, named_tensors
 
 __all__ = ["trace", "Trace", "TensorRead", "ObjectRead", "OpCall"]
@@ -134,6 +135,7 @@ class Trace:
     def __init__(self, nested: bool = True) -> None:
         self._nested = nested
         self._native: object | None = None
+        self._restore = contextlib.ExitStack()  # what __enter__ set, put back by __exit__
         self._ops: list[OpCall] | None = None
         self._entered = False
 
@@ -142,11 +144,16 @@ class Trace:
             raise RuntimeError("reloadsafe.trace(): a trace is entered once; make a new one")
         self._entered = True
         watch_compilations()  # a compilation inside the block is not the block's work
-        self._native = _C.ReadTrace(self._nested)
+        with contextlib.ExitStack() as stack:
+            # A compiled graph's first call inside the block runs as its later ones.
+            stack.enter_context(first_calls_as_later_ones())
+            self._native = _C.ReadTrace(self._nested)
+            self._restore = stack.pop_all()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._native.stop()  # type: ignore[union-attr]
+        self._restore.close()
         self._ops = [_op(i, op) for i, op in enumerate(self._native.ops())]  # type: ignore[union-attr]
         self._native = None  # releases the C++ trace and what it kept
 

@@ -3,6 +3,7 @@ under in the forward (autocast and its dtype, grad and inference mode): a
 correct layer's verdict does not depend on the state its forward enters."""
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from reloadsafe import check_reload
 
@@ -40,11 +41,34 @@ class GradModeForward(Linear):
             return torch.nn.functional.linear(x, self.weight) + 1
 
 
+class Counting(TorchDispatchMode):
+    """A Python dispatch mode that only counts the ops it runs, as a
+    profiling or logging mode does."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+class DispatchModeForward(Linear):
+    def forward(self, x):
+        with Counting():
+            return torch.nn.functional.linear(x, self.weight) * 2
+
+
 X = torch.randn(4, 32, generator=torch.Generator().manual_seed(0))
 
 
-@pytest.mark.parametrize("cls", [AutocastForward, AutocastFloat16Forward, InferenceModeForward, GradModeForward],
-                         ids=lambda c: c.__name__)
+# A forward under a Python dispatch mode (a profiling or logging mode) is
+# captured with the Python keys on; what a replay runs instead is
+# call_state_test's (Note [A Python mode is not replayed] in
+# conformance/trace/internal/call_state.cc).
+@pytest.mark.parametrize("cls", [AutocastForward, AutocastFloat16Forward, InferenceModeForward, GradModeForward,
+                                 DispatchModeForward], ids=lambda c: c.__name__)
 def test_a_forward_that_enters_thread_local_state_replays_under_it(cls):
     report = check_reload(cls, X, reloads=3)
     assert report.ok, report.table()
