@@ -23,13 +23,13 @@ runs without it. A forward that compiles a graph during a check (a
 recompilation for new sizes, a graph break whose resumed code Dynamo
 compiles anew) makes that first call inside the trace, where the mode is a
 Python dispatch: the trace sees each of the graph's ops twice (once as the
-mode runs it, one level deeper), a capture holds calls made with the
-Python key switched on, and its replay, which has no mode to hand them to,
-ends in PyTorch's internal assertion. A captured graph replays what the
-later calls run. ``first_calls_as_later_ones()`` switches the check off
-while a check or trace runs, so that a graph's first call inside it runs as
-every later one; the setting is the process's (PyTorch's config is
-global), and the first call of a graph after the block is still checked.
+mode runs it, one level deeper), which no later call does, so a capture
+taken then differs from every retrace after it (Qwen4-Exp compiled with
+aot_eager: "op sequence changed" at each reload). A captured graph replays
+what the later calls run. ``first_calls_as_later_ones()`` switches the
+check off while a check or trace runs, so that a graph's first call inside
+it runs as every later one; the setting is the process's (PyTorch's config
+is global), and the first call of a graph after the block is still checked.
 """
 from __future__ import annotations
 

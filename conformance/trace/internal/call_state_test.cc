@@ -8,7 +8,6 @@
 
 #include <ostream>
 #include <string>
-#include <vector>
 
 namespace reloadsafe::trace {
 namespace {
