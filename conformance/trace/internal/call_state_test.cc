@@ -23,7 +23,9 @@ struct KeyRow {
   bool kept;
 };
 
-void PrintTo(const KeyRow& row, std::ostream* os) { *os << row.name; }
+void PrintTo(const KeyRow& row, std::ostream* os) {
+  *os << row.name;
+}
 
 class CallStateKeys : public ::testing::TestWithParam<KeyRow> {};
 
@@ -50,14 +52,14 @@ TEST_P(CallStateKeys, KeepsWhatTheOpComputesByAndNotWhatAReplayCannotRebuild) {
 
 INSTANTIATE_TEST_SUITE_P(
     Keys, CallStateKeys,
-    ::testing::Values(
-        KeyRow{"python_mode_on", DispatchKey::Python, false, false},
-        KeyRow{"python_tls_snapshot_on", DispatchKey::PythonTLSSnapshot, false, false},
-        KeyRow{"trace_key_on", kTraceKey, false, false},
-        KeyRow{"trace_key_off", kTraceKey, true, false},
-        KeyRow{"autocast_cpu_on", DispatchKey::AutocastCPU, false, true},
-        KeyRow{"python_off", DispatchKey::Python, true, true},
-        KeyRow{"functionalize_on", DispatchKey::Functionalize, false, true}),
+    ::testing::Values(KeyRow{"python_mode_on", DispatchKey::Python, false, false},
+                      KeyRow{"python_tls_snapshot_on", DispatchKey::PythonTLSSnapshot, false,
+                             false},
+                      KeyRow{"trace_key_on", kTraceKey, false, false},
+                      KeyRow{"trace_key_off", kTraceKey, true, false},
+                      KeyRow{"autocast_cpu_on", DispatchKey::AutocastCPU, false, true},
+                      KeyRow{"python_off", DispatchKey::Python, true, true},
+                      KeyRow{"functionalize_on", DispatchKey::Functionalize, false, true}),
     [](const ::testing::TestParamInfo<KeyRow>& info) { return info.param.name; });
 
 // A replay runs under the state it was handed and puts the thread's back,
