@@ -154,9 +154,9 @@ def test_a_compiled_graphs_constants_are_no_undeclared_reads(backend):
 class SizeFromTheWeights(torch.nn.Module):
     """A forward that slices by a size it reads on the host from what the
     weights computed (as Qwen4-Exp's attention indexer keeps a number of
-    blocks): compiled, each new size is a new graph, and the cold loads
-    aside between the warm-up and the capture make the capture the first
-    call of one."""
+    blocks): compiled, each new size is a new graph, so the first call of
+    one falls inside the check (the capture or a retrace, after a cold load
+    aside compiled it for another checkpoint's size)."""
 
     def __init__(self):
         super().__init__()
