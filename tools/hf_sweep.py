@@ -66,6 +66,10 @@ EXTRA: dict[str, dict[str, Any]] = {
                  attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=8.0),
                  ffn_config=dict(ffn_hidden_size=128, moe_num_experts=4, moe_top_k=2)),
     "kolibri1_1": dict(index_num_heads=2),
+    # Its attention wants as many key/value heads as query heads; 256 experts
+    # by default.
+    "dots3_note_text": dict(num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2,
+                            moe_intermediate_size=32, shared_experts_intermediate_size=32, index_topk=4),
     # Its rotary parameters are keyed by layer type, with no default for one.
     "cohere_compass_text": dict(rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e4}}),
     # A decoder only when told so; its axial position embeddings must add up to
