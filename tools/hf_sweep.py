@@ -65,6 +65,8 @@ EXTRA: dict[str, dict[str, Any]] = {
     "dbrx": dict(d_model=64, n_heads=4, n_layers=2, max_seq_len=64,
                  attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=8.0),
                  ffn_config=dict(ffn_hidden_size=128, moe_num_experts=4, moe_top_k=2)),
+    # Its indexer may use at most as many heads as one key head has query heads
+    # (2 here; 12 by default).
     "kolibri1_1": dict(index_num_heads=2),
     # Its attention wants as many key/value heads as query heads; 256 experts
     # by default.
