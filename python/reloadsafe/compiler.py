@@ -28,8 +28,9 @@ taken then differs from every retrace after it (Qwen4-Exp compiled with
 aot_eager: "op sequence changed" at each reload). A captured graph replays
 what the later calls run. ``first_calls_as_later_ones()`` switches the
 check off while a check or trace runs, so that a graph's first call inside
-it runs as every later one; the setting is the process's (PyTorch's config
-is global), and the first call of a graph after the block is still checked.
+it runs as every later one; the first call of a graph after the block is
+still checked. Torch 2.14 and newer keep a patched setting to the patching
+thread; on 2.11 it is the process's, other threads' first calls included.
 """
 from __future__ import annotations
 
