@@ -281,14 +281,13 @@ class CapturedForward::Holder final : public CallHook {
   // every call's results indexed as it ends.
   void keep_python_values(const ReadTrace& trace, c10::ArrayRef<c10::IValue> args) {
     for (const c10::IValue& v : args) {
-      map_tensors(v, [&](const at::Tensor& t) -> at::Tensor {
-        if (!has_plain_storage(t)) return t;
+      for_each_tensor(v, [&](const at::Tensor& t, int /*element*/) {
+        if (!has_plain_storage(t)) return;
         const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
         if (!trace.classify(storage).value_or(true) && unfilled_.python_data(storage) == nullptr &&
             !returned_earlier(storage)) {
           python_values_.try_emplace(t.unsafeGetTensorImpl(), t.clone());
         }
-        return t;
       });
     }
   }
@@ -298,9 +297,8 @@ class CapturedForward::Holder final : public CallHook {
     bool found = false;
     for (const HeldCall& call : held_) {
       for (const c10::IValue& out : call.outputs) {
-        map_tensors(out, [&](const at::Tensor& t) -> at::Tensor {
+        for_each_tensor(out, [&](const at::Tensor& t, int /*element*/) {
           found = found || (has_plain_storage(t) && t.storage().unsafeGetStorageImpl() == storage);
-          return t;
         });
       }
       if (found) return true;
