@@ -2,19 +2,18 @@
 
 #include "conformance/harness/checkpoint_pools.h"
 
-#include "conformance/harness/values.h"
-
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Dispatch_v2.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
-#include <ATen/TensorIterator.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
 
+#include <algorithm>
 #include <cstring>
+#include <set>
 
 namespace reloadsafe::harness {
 namespace {
@@ -41,22 +40,6 @@ bool float8_through_float(at::ScalarType dtype) {
          dtype == at::kFloat8_e4m3fnuz || dtype == at::kFloat8_e5m2fnuz;
 }
 
-// Whether `pool`'s window at `offset` is drawn by the loop below: a dense
-// CPU pool (plain_cpu_bytes) at the start of a storage that holds the window,
-// of a dtype the loop handles (integers, bool, and the real dtypes at::mul
-// scales), smaller than ATen's grain size (where at::mul would use one
-// thread too); any other goes through the op, threaded and vectorized.
-bool drawn_by_loop(const at::Tensor& pool, int64_t offset) {
-  const at::ScalarType dtype = pool.scalar_type();
-  if (pool.numel() >= at::internal::GRAIN_SIZE || !plain_cpu_bytes(pool) ||
-      pool.storage_offset() != 0 || pool.is_conj() || pool.is_neg() || at::isComplexType(dtype) ||
-      (at::isFloatingType(dtype) && !scaled_by_mul(dtype) && !float8_through_float(dtype))) {
-    return false;
-  }
-  const auto needed = static_cast<size_t>(offset + pool.numel()) * pool.element_size();
-  return pool.storage().nbytes() >= needed && pool.storage().data() != nullptr;
-}
-
 // kBlock elements from `in`, times `s`, into `out`: a loop of a fixed length
 // over pointers that do not alias, which the compiler vectorizes at -O2.
 constexpr int64_t kBlock = 16;
@@ -79,39 +62,20 @@ void scale_into(const void* src, void* dst, int64_t n, double scale) {
   for (; i < n; ++i) out[i] = static_cast<T>(static_cast<Math>(in[i]) * s);
 }
 
-// The window as a new tensor, for a pool drawn_by_loop() accepts.
-at::Tensor draw_by_loop(const at::Tensor& pool, const PoolWindow& w) {
-  const at::ScalarType dtype = pool.scalar_type();
-  const int64_t n = pool.numel();
-  const size_t item = pool.element_size();
-  const char* src = static_cast<const char*>(pool.storage().data()) + w.offset * item;
-  at::Tensor out(at::detail::empty_cpu(pool.sizes(), dtype));
-  void* dst = out.mutable_data_ptr();
-  if (n == 0) return out;
-  if (!at::isFloatingType(dtype)) {  // integers and bool: the window unscaled
-    std::memcpy(dst, src, static_cast<size_t>(n) * item);
-    return out;
+// `values` times `scale` as a new contiguous tensor, through ATen ops
+// (integers and booleans unscaled).
+at::Tensor scaled_with_ops(const at::Tensor& values, double scale) {
+  const at::ScalarType dtype = values.scalar_type();
+  if (scaled_by_mul(dtype) || at::isComplexType(dtype)) return values.mul(scale).contiguous();
+  if (at::isFloatingType(dtype)) {
+    return values.to(at::kFloat).mul_(scale).to(dtype).contiguous();  // float8: no CPU mul
   }
-  // The floating dtypes drawn_by_loop() accepts.
-  AT_DISPATCH_V2(dtype, "draw_by_loop",
-                 AT_WRAP([&] { scale_into<scalar_t>(src, dst, n, w.scale); }), at::kFloat,
-                 at::kDouble, at::kHalf, at::kBFloat16, at::kFloat8_e4m3fn, at::kFloat8_e5m2,
-                 at::kFloat8_e4m3fnuz, at::kFloat8_e5m2fnuz);
-  return out;
+  return values.clone(at::MemoryFormat::Contiguous);
 }
 
-// The same through ATen ops, for any pool (contiguous, whatever the pool's
-// strides: elementwise ops keep them).
+// A given pool's window, through ATen ops (whatever the pool's strides).
 at::Tensor draw_with_ops(const at::Tensor& pool, const PoolWindow& w) {
-  const at::Tensor window = pool.as_strided(pool.sizes(), pool.strides(), w.offset);
-  const at::ScalarType dtype = pool.scalar_type();
-  if (scaled_by_mul(dtype) || at::isComplexType(dtype)) {
-    return window.mul(w.scale).contiguous();
-  }
-  if (at::isFloatingType(dtype)) {
-    return window.to(at::kFloat).mul_(w.scale).to(dtype).contiguous();  // float8: no CPU mul
-  }
-  return window.clone(at::MemoryFormat::Contiguous);
+  return scaled_with_ops(pool.as_strided(pool.sizes(), pool.strides(), w.offset), w.scale);
 }
 
 }  // namespace
@@ -141,43 +105,135 @@ PoolWindow pool_window(uint64_t seed) {
   return w;
 }
 
-Checkpoint checkpoint_pools(const Checkpoint& layouts) {
-  at::Generator gen = at::detail::createCPUGenerator(0x5EED);
-  Checkpoint pools;
-  for (const auto& [name, layout] : layouts) {
-    if (!layout.is_meta()) {
-      pools.emplace(name, layout);
-      continue;
-    }
-    const int64_t size = layout.numel() + kPoolWindows;
-    const at::ScalarType dtype = layout.scalar_type();
-    at::Tensor pool;
-    if (at::isFloatingType(dtype)) {
-      pool = at::randn({size}, gen, at::kFloat).to(dtype);
-    } else if (at::isComplexType(dtype)) {
-      pool = at::randn({size}, gen, at::TensorOptions().dtype(dtype));
-    } else if (dtype == at::kBool) {
-      pool = at::randint(0, 2, {size}, gen, at::TensorOptions().dtype(at::kLong)).to(dtype);
-    } else {
-      const IntegerRange range = integer_range(dtype);
-      pool =
-          at::randint(range.low, range.high + 1, {size}, gen, at::TensorOptions().dtype(at::kLong))
-              .to(dtype);
-    }
-    pools.emplace(name,
-                  pool.as_strided(layout.sizes(), c10::contiguous_strides(layout.sizes()), 0));
+namespace {
+
+// `size` values of `dtype` from `gen`: floating and complex from a normal
+// distribution, booleans from {0, 1}, integers from integer_range().
+at::Tensor random_values(int64_t size, at::ScalarType dtype, at::Generator& gen) {
+  if (at::isFloatingType(dtype)) return at::randn({size}, gen, at::kFloat).to(dtype);
+  if (at::isComplexType(dtype)) return at::randn({size}, gen, at::TensorOptions().dtype(dtype));
+  if (dtype == at::kBool) {
+    return at::randint(0, 2, {size}, gen, at::TensorOptions().dtype(at::kLong)).to(dtype);
   }
-  return pools;
+  const IntegerRange range = integer_range(dtype);
+  return at::randint(range.low, range.high + 1, {size}, gen, at::TensorOptions().dtype(at::kLong))
+      .to(dtype);
 }
 
-Checkpoint draw_from_pools(const Checkpoint& pools, uint64_t seed) {
+// Where `name` starts in its dtype's pool: a fixed function of the name
+// (FNV-1a, then mixed), so a tensor's values do not depend on what else the
+// checkpoint holds.
+int64_t base_of(const std::string& name) {
+  uint64_t h = 0xCBF29CE484222325ull;
+  for (char c : name) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001B3ull;
+  return static_cast<int64_t>(mix_seed(h) % static_cast<uint64_t>(kSharedPoolElements));
+}
+
+// The window of `w` of a dtype's pool from `base` on, as a new tensor of
+// `layout`'s sizes and dtype (Note [Checkpoints from a pool]): element j is
+// the window's element (base + j) mod kSharedPoolElements, scaled. A
+// tensor longer than the pool is copied in stretches of it, in parallel.
+at::Tensor draw_from_pool(const at::Tensor& pool, const at::Tensor& layout, int64_t base,
+                          const PoolWindow& w) {
+  const at::ScalarType dtype = pool.scalar_type();
+  at::Tensor out(at::detail::empty_cpu(layout.sizes(), dtype));
+  const int64_t n = out.numel();
+  if (n == 0) return out;
+  const size_t item = pool.element_size();
+  const char* window = static_cast<const char*>(pool.const_data_ptr()) + w.offset * item;
+  char* dst = static_cast<char*>(out.mutable_data_ptr());
+  const bool by_loop = !at::isFloatingType(dtype)
+                           ? !at::isComplexType(dtype)
+                           : scaled_by_mul(dtype) || float8_through_float(dtype);
+  // `len` elements of the output from `start` on, read from the window's
+  // element `from` on.
+  const auto copy_stretch = [&](int64_t start, int64_t from, int64_t len) {
+    const char* src = window + from * item;
+    char* to = dst + start * item;
+    if (!by_loop) {  // complex, or a floating dtype the loop does not handle
+      out.view(-1)
+          .narrow(0, start, len)
+          .copy_(scaled_with_ops(pool.narrow(0, w.offset + from, len), w.scale));
+    } else if (!at::isFloatingType(dtype)) {  // integers and bool: unscaled
+      std::memcpy(to, src, static_cast<size_t>(len) * item);
+    } else {
+      AT_DISPATCH_V2(dtype, "draw_from_pool",
+                     AT_WRAP([&] { scale_into<scalar_t>(src, to, len, w.scale); }), at::kFloat,
+                     at::kDouble, at::kHalf, at::kBFloat16, at::kFloat8_e4m3fn, at::kFloat8_e5m2,
+                     at::kFloat8_e4m3fnuz, at::kFloat8_e5m2fnuz);
+    }
+  };
+  // Stretch 0 runs from `base` to the pool's end (or the tensor's); each
+  // later one is a whole pool from its start (the last one shorter).
+  const int64_t first = std::min(n, kSharedPoolElements - base);
+  const int64_t stretches = 1 + (n - first + kSharedPoolElements - 1) / kSharedPoolElements;
+  const auto copy_stretches = [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      const int64_t start = k == 0 ? 0 : first + (k - 1) * kSharedPoolElements;
+      copy_stretch(start, k == 0 ? base : 0,
+                   k == 0 ? first : std::min(kSharedPoolElements, n - start));
+    }
+  };
+  if (stretches == 1) {
+    copy_stretches(0, 1);  // most tensors: no thread handed work
+  } else {
+    at::parallel_for(0, stretches, 1, copy_stretches);
+  }
+  return out;
+}
+
+}  // namespace
+
+CheckpointPools::CheckpointPools(const Checkpoint& layouts) {
+  std::map<at::ScalarType, at::Tensor> pools;
+  for (const auto& [name, layout] : layouts) {
+    if (!layout.is_meta()) {
+      entries_.emplace(name, Entry{layout, {}, std::nullopt});
+      continue;
+    }
+    const at::ScalarType dtype = layout.scalar_type();
+    at::Tensor& pool = pools[dtype];
+    if (!pool.defined()) {
+      // Each dtype's pool from a generator of its own: the same whatever
+      // else the layouts hold.
+      at::Generator gen = at::detail::createCPUGenerator(0x5EED0000u + static_cast<int>(dtype));
+      pool = random_values(kSharedPoolElements + kPoolWindows, dtype, gen);
+    }
+    entries_.emplace(name, Entry{pool, layout, base_of(name)});
+  }
+}
+
+Checkpoint CheckpointPools::draw(uint64_t seed) const {
   const PoolWindow w = pool_window(seed);
   Checkpoint ckpt;
-  for (const auto& [name, pool] : pools) {
+  for (const auto& [name, e] : entries_) {
     ckpt.emplace(name,
-                 drawn_by_loop(pool, w.offset) ? draw_by_loop(pool, w) : draw_with_ops(pool, w));
+                 e.base ? draw_from_pool(e.pool, e.layout, *e.base, w) : draw_with_ops(e.pool, w));
   }
   return ckpt;
+}
+
+const at::Tensor& CheckpointPools::pool(const std::string& name) const {
+  const auto it = entries_.find(name);
+  TORCH_CHECK(it != entries_.end(), "CheckpointPools: no pool for '", name, "'");
+  return it->second.pool;
+}
+
+std::optional<int64_t> CheckpointPools::base(const std::string& name) const {
+  const auto it = entries_.find(name);
+  TORCH_CHECK(it != entries_.end(), "CheckpointPools: no pool for '", name, "'");
+  return it->second.base;
+}
+
+int64_t CheckpointPools::nbytes() const {
+  std::set<const void*> seen;
+  int64_t bytes = 0;
+  for (const auto& [name, e] : entries_) {
+    if (e.pool.has_storage() && seen.insert(e.pool.storage().data()).second) {
+      bytes += static_cast<int64_t>(e.pool.storage().nbytes());
+    }
+  }
+  return bytes;
 }
 
 }  // namespace reloadsafe::harness

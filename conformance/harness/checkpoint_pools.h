@@ -5,29 +5,36 @@
 // A reload needs a checkpoint whose every value differs from the last one's.
 // Drawing each from the random generator cost a fifth of a harness run on
 // the samples (callgrind: randn's normal_ alone, at some 60 instructions an
-// element). So each checkpoint tensor has a pool of random values, drawn
-// once per layer (floating and complex values from a normal distribution,
-// integers from integer_range(), booleans from {0, 1}):
-// numel + kPoolWindows elements, held as a tensor with the checkpoint layout
-// at the start of its storage. The checkpoint of a seed is a window of the
-// pool at an offset derived from the seed and, for floating dtypes, times a
-// scale in [0.5, 2) derived from the seed (pool_window): from one seed to
-// another every element changes, and not all by one factor (a multiple would
-// quantize to the same bytes). This is the one generator of both languages:
-// the Python module's CheckpointDrawer (python/reloadsafe/loading.py) calls
-// these functions, so a Python and a C++ subject with the same layouts draw
+// element). So the checkpoints draw from pools of random values, drawn once
+// per layer (floating and complex values from a normal distribution,
+// integers from integer_range(), booleans from {0, 1}): one pool per dtype,
+// kSharedPoolElements + kPoolWindows elements (about 4 MiB in float32),
+// which every tensor of that dtype draws from. A tensor's name puts it at a
+// `base` in its dtype's pool; the checkpoint of a seed holds, for element j,
+// the pool's element (base + j) mod kSharedPoolElements of a window at an
+// offset derived from the seed and, for floating dtypes, times a scale in
+// [0.5, 2) derived from the seed (pool_window): from one seed to another the
+// elements change (all but a chance few of a large tensor's, whose two
+// products round to the same value), and not all by one factor (a multiple
+// would quantize to the same bytes). A tensor's values repeat every
+// kSharedPoolElements elements (a prime: no row length divides it, so no
+// two rows of a matrix repeat each other). A pool of its own per tensor, as
+// the pools were at first, held a whole model's bytes more for a real model
+// for the whole check. This is the one generator of both languages: the
+// Python module's CheckpointDrawer (python/reloadsafe/loading.py) draws with
+// CheckpointPools, so a Python and a C++ subject with the same layouts draw
 // the same checkpoint for the same seed.
 //
-// A window of a dense CPU pool smaller than ATen's grain size (where at::mul
-// would use one thread too) is scaled in one loop, in the op-math type
-// at::mul uses (float for half and bfloat16), so the bytes are the ones
-// `window.mul(scale)` gives, without the dispatcher's cost per tensor (a
-// tenth of a harness run on the samples); any other pool goes through ATen
-// ops.
+// A tensor's values are scaled in one loop, in the op-math type at::mul uses
+// (float for half and bfloat16), so the bytes are the ones `window.mul(scale)`
+// gives, without the dispatcher's cost per tensor (a tenth of a harness run
+// on the samples); the stretches of a tensor longer than the pool in
+// parallel; complex values, and a pool given as a tensor (the tests'), go
+// through ATen ops.
 //
 // Invariant: every tensor a draw returns is new, with a storage of its own
-// and the pool's sizes, dtype and device (the CPU, for pools drawn here),
-// contiguous; the pools are only read.
+// and the layout's sizes and dtype, on the pools' device (the CPU, for pools
+// drawn here), contiguous; the pools are only read.
 #pragma once
 
 #include "conformance/harness/subject.h"
@@ -35,6 +42,9 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
 
 namespace reloadsafe::harness {
 
@@ -60,15 +70,41 @@ struct PoolWindow {
 /// The window of `seed` (a fixed function of the seed).
 PoolWindow pool_window(uint64_t seed);
 
-/// The pools for `layouts` (meta tensors with the checkpoint layouts; an
-/// entry that is not a meta tensor is taken as a pool already), drawn from
-/// one generator of a fixed seed: the same layouts give the same pools.
-Checkpoint checkpoint_pools(const Checkpoint& layouts);
+/// The elements of a pool's window: the period of a tensor's values (a
+/// prime).
+constexpr int64_t kSharedPoolElements = 1048573;
 
-/// The checkpoint of `seed` from `pools` (checkpoint_pools), on the pools'
-/// device (the CPU, where an mmap'd checkpoint lives, for pools drawn
-/// here): each entry the pool's window of pool_window(seed), floating and
-/// complex dtypes times its scale, as a new tensor.
-Checkpoint draw_from_pools(const Checkpoint& pools, uint64_t seed);
+/// The pools the checkpoints of one set of layouts are drawn from (Note
+/// [Checkpoints from a pool]).
+class CheckpointPools {
+ public:
+  /// The pools for `layouts` (meta tensors with the checkpoint layouts; an
+  /// entry that is not a meta tensor is taken as a pool of that tensor's
+  /// own, whose storage holds kPoolWindows elements more), drawn from
+  /// generators of fixed seeds: the same dtypes give the same pools.
+  explicit CheckpointPools(const Checkpoint& layouts);
 
+  /// The checkpoint of `seed`, in the layouts' (name) order: each entry its
+  /// pool's window of pool_window(seed), floating and complex dtypes times
+  /// its scale, as a new tensor.
+  Checkpoint draw(uint64_t seed) const;
+
+  /// The pool `name` draws from: its dtype's (one dimension), or the one
+  /// it was given.
+  const at::Tensor& pool(const std::string& name) const;
+
+  /// Where `name` starts in its dtype's pool; nothing for a given pool.
+  std::optional<int64_t> base(const std::string& name) const;
+
+  /// The bytes every pool holds together.
+  int64_t nbytes() const;
+
+ private:
+  struct Entry {
+    at::Tensor pool;              // the dtype's pool, or the one given
+    at::Tensor layout;            // the layout (a meta tensor), for a dtype's pool
+    std::optional<int64_t> base;  // where it starts in the dtype's pool
+  };
+  std::map<std::string, Entry> entries_;
+};
 }  // namespace reloadsafe::harness

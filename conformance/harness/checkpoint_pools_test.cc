@@ -8,33 +8,63 @@
 
 #include "conformance/harness/values.h"
 
+#include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/eq.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/index_select.h>
 #include <ATen/ops/max.h>
 #include <ATen/ops/min.h>
 #include <ATen/ops/randn.h>
+#include <ATen/ops/remainder.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace reloadsafe::harness {
 namespace {
 
-// What a draw must equal: the window through ATen ops.
+// `values` times `scale` through ATen ops, as a draw scales them.
+at::Tensor scaled_through_ops(const at::Tensor& values, double scale) {
+  const at::ScalarType dtype = values.scalar_type();
+  if (at::isComplexType(dtype)) return values.mul(scale);
+  if (!at::isFloatingType(dtype)) return values.clone();
+  if (dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf || dtype == at::kBFloat16)
+    return values.mul(scale);
+  return values.to(at::kFloat).mul(scale).to(dtype);
+}
+
+// What a draw from a given pool must equal: the window through ATen ops.
 at::Tensor window_through_ops(const at::Tensor& pool, uint64_t seed) {
   const PoolWindow w = pool_window(seed);
-  const at::Tensor window = pool.as_strided(pool.sizes(), pool.strides(), w.offset);
-  const at::ScalarType dtype = pool.scalar_type();
-  if (at::isComplexType(dtype)) return window.mul(w.scale);
-  if (!at::isFloatingType(dtype)) return window.clone();
-  if (dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf || dtype == at::kBFloat16)
-    return window.mul(w.scale);
-  return window.to(at::kFloat).mul(w.scale).to(dtype);
+  return scaled_through_ops(pool.as_strided(pool.sizes(), pool.strides(), w.offset), w.scale);
+}
+
+// What the draw of `name` (of `sizes`) from its dtype's pool must equal: the
+// seed's window from the name's base on, wrapping at kSharedPoolElements,
+// scaled through ATen ops.
+at::Tensor expected_draw(const CheckpointPools& pools, const std::string& name,
+                         c10::IntArrayRef sizes, uint64_t seed) {
+  const PoolWindow w = pool_window(seed);
+  const at::Tensor window = pools.pool(name).narrow(0, w.offset, kSharedPoolElements);
+  int64_t n = 1;
+  for (int64_t d : sizes) n *= d;
+  const at::Tensor index =
+      (at::arange(n, at::kLong) + *pools.base(name)).remainder(kSharedPoolElements);
+  // Gathered as bytes: index_select has no kernel for every dtype.
+  const int64_t item = static_cast<int64_t>(window.element_size());
+  const at::Tensor gathered = window.view(at::kByte)
+                                  .view({kSharedPoolElements, item})
+                                  .index_select(0, index)
+                                  .view(window.scalar_type())
+                                  .view(sizes);
+  return scaled_through_ops(gathered, w.scale);
 }
 
 Checkpoint layouts_of(at::ScalarType dtype, std::vector<int64_t> sizes) {
@@ -76,17 +106,18 @@ const std::vector<uint64_t> kSeeds = {
 
 TEST(CheckpointPools, EachDrawIsTheSeedsWindowScaledAsAtMulScalesIt) {
   for (const DtypeCase& c : dtype_cases()) {
-    const Checkpoint pools = checkpoint_pools(layouts_of(c.dtype, c.sizes));
-    const at::Tensor& pool = pools.at("w");
+    const CheckpointPools pools(layouts_of(c.dtype, c.sizes));
+    const at::Tensor& pool = pools.pool("w");
+    EXPECT_EQ(pool.numel(), kSharedPoolElements + kPoolWindows);
     for (uint64_t seed : kSeeds) {
       SCOPED_TRACE(std::string(c10::toString(c.dtype)) + " " + c10::str(c.sizes) + " seed " +
                    std::to_string(seed));
-      const at::Tensor drawn = draw_from_pools(pools, seed).at("w");
-      EXPECT_EQ(drawn.sizes(), pool.sizes());
+      const at::Tensor drawn = pools.draw(seed).at("w");
+      EXPECT_EQ(drawn.sizes(), c10::IntArrayRef(c.sizes));
       EXPECT_EQ(drawn.scalar_type(), c.dtype);
       EXPECT_TRUE(drawn.device().is_cpu());
       EXPECT_TRUE(drawn.is_contiguous());
-      EXPECT_TRUE(same_bytes(drawn, window_through_ops(pool, seed)));
+      EXPECT_TRUE(same_bytes(drawn, expected_draw(pools, "w", c.sizes, seed)));
       EXPECT_FALSE(drawn.storage().is_alias_of(pool.storage()));
     }
   }
@@ -102,9 +133,9 @@ TEST(CheckpointPools, APoolGivenAsATensorIsDrawnFromAsWell) {
   };
   for (const auto& [label, pool] : given) {
     SCOPED_TRACE(label);
-    const Checkpoint pools = checkpoint_pools({{"w", pool}});
+    const CheckpointPools pools({{"w", pool}});
     for (uint64_t seed : {uint64_t{3}, uint64_t{99}}) {
-      const at::Tensor drawn = draw_from_pools(pools, seed).at("w");
+      const at::Tensor drawn = pools.draw(seed).at("w");
       EXPECT_TRUE(drawn.is_contiguous());
       EXPECT_TRUE(at::equal(drawn, window_through_ops(pool, seed)));
       EXPECT_FALSE(drawn.storage().is_alias_of(pool.storage()));
@@ -113,22 +144,73 @@ TEST(CheckpointPools, APoolGivenAsATensorIsDrawnFromAsWell) {
 }
 
 TEST(CheckpointPools, EveryFloatChangesFromOneSeedToTheNext) {
-  const Checkpoint pools = checkpoint_pools(layouts_of(at::kFloat, {64, 64}));
-  at::Tensor last = draw_from_pools(pools, 1).at("w");
+  const CheckpointPools pools(layouts_of(at::kFloat, {64, 64}));
+  at::Tensor last = pools.draw(1).at("w");
   for (uint64_t seed = 2; seed <= 40; ++seed) {
-    const at::Tensor next = draw_from_pools(pools, seed).at("w");
+    const at::Tensor next = pools.draw(seed).at("w");
     EXPECT_EQ(at::eq(next, last).sum().item<int64_t>(), 0) << "seed " << seed;
     last = next;
   }
 }
 
+// A large tensor too, but for the chance few of a million elements whose
+// two products round to the same float.
+TEST(CheckpointPools, ALargeTensorChangesFromOneSeedToTheNext) {
+  const CheckpointPools pools(layouts_of(at::kFloat, {1100, 1000}));
+  at::Tensor last = pools.draw(1).at("w");
+  for (uint64_t seed = 2; seed <= 20; ++seed) {
+    const at::Tensor next = pools.draw(seed).at("w");
+    EXPECT_LE(at::eq(next, last).sum().item<int64_t>(), 3) << "seed " << seed;
+    last = next;
+  }
+}
+
+// A tensor longer than the pool wraps (in stretches drawn in parallel);
+// tensors of one dtype share one pool, each from its name's base, whatever
+// else the layouts hold; the pools' bytes do not grow with the model.
+TEST(CheckpointPools, ATensorLongerThanThePoolWrapsAndDtypesShareOnePool) {
+  struct Row {
+    at::ScalarType dtype;
+    std::vector<int64_t> sizes;
+  };
+  const Row rows[] = {
+      {at::kFloat, {kSharedPoolElements - 1}},
+      {at::kBFloat16, {3, kSharedPoolElements}},
+      {at::kFloat8_e4m3fn, {2 * kSharedPoolElements + 5}},
+      {at::kChar, {kSharedPoolElements + 7}},
+      {at::kComplexFloat, {kSharedPoolElements + 3}},
+  };
+  for (const Row& row : rows) {
+    SCOPED_TRACE(std::string(c10::toString(row.dtype)) + " " + c10::str(row.sizes));
+    const CheckpointPools pools({{"big", layouts_of(row.dtype, row.sizes).at("w")},
+                                 {"small", layouts_of(row.dtype, {8}).at("w")}});
+    EXPECT_TRUE(pools.pool("big").is_same(pools.pool("small")));
+    EXPECT_NE(pools.base("big"), pools.base("small"));
+    for (uint64_t seed : {uint64_t{0}, uint64_t{7920}}) {
+      const at::Tensor drawn = pools.draw(seed).at("big");
+      EXPECT_TRUE(drawn.is_contiguous());
+      EXPECT_TRUE(same_bytes(drawn, expected_draw(pools, "big", row.sizes, seed)))
+          << "seed " << seed;
+    }
+  }
+  const CheckpointPools one({{"a", layouts_of(at::kFloat, {40, 30}).at("w")}});
+  const CheckpointPools two({{"a", layouts_of(at::kFloat, {40, 30}).at("w")},
+                             {"b", layouts_of(at::kFloat, {5000, 3000}).at("w")},
+                             {"c", layouts_of(at::kHalf, {9}).at("w")}});
+  EXPECT_TRUE(same_bytes(one.draw(3).at("a"), two.draw(3).at("a")));
+  EXPECT_LT(two.nbytes(), 7 * (int64_t{1} << 20));  // a float pool and a half one
+  // A given pool is not a dtype's.
+  EXPECT_FALSE(CheckpointPools({{"w", at::randn({1100})}}).base("w").has_value());
+}
+
 TEST(CheckpointPools, DrawsAreRepeatableNewTensorsAndLeaveThePoolsAlone) {
-  const Checkpoint pools = checkpoint_pools({{"a", layouts_of(at::kBFloat16, {8, 16}).at("w")},
-                                             {"b", layouts_of(at::kByte, {32}).at("w")}});
-  std::vector<Snapshot> before;
-  for (const auto& [name, pool] : pools) before.emplace_back(pool);
-  const Checkpoint first = draw_from_pools(pools, 5);
-  const Checkpoint again = draw_from_pools(pools, 5);
+  const std::vector<std::string> names = {"a", "b"};
+  const CheckpointPools pools({{"a", layouts_of(at::kBFloat16, {8, 16}).at("w")},
+                               {"b", layouts_of(at::kByte, {32}).at("w")}});
+  std::vector<at::Tensor> before;
+  for (const std::string& name : names) before.push_back(pools.pool(name).clone());
+  const Checkpoint first = pools.draw(5);
+  const Checkpoint again = pools.draw(5);
   ASSERT_EQ(first.size(), 2u);
   for (const auto& [name, t] : first) {
     SCOPED_TRACE(name);
@@ -136,11 +218,15 @@ TEST(CheckpointPools, DrawsAreRepeatableNewTensorsAndLeaveThePoolsAlone) {
     EXPECT_FALSE(t.storage().is_alias_of(again.at(name).storage()));
   }
   size_t i = 0;
-  for (const auto& [name, pool] : pools) EXPECT_TRUE(before[i++].unchanged(pool)) << name;
+  for (const std::string& name : names) {
+    EXPECT_TRUE(same_bytes(before[i++], pools.pool(name))) << name;
+  }
   // The same layouts give the same pools.
-  const Checkpoint redrawn = checkpoint_pools({{"a", layouts_of(at::kBFloat16, {8, 16}).at("w")},
-                                               {"b", layouts_of(at::kByte, {32}).at("w")}});
-  for (const auto& [name, pool] : pools) EXPECT_TRUE(same_bytes(pool, redrawn.at(name))) << name;
+  const CheckpointPools redrawn({{"a", layouts_of(at::kBFloat16, {8, 16}).at("w")},
+                                 {"b", layouts_of(at::kByte, {32}).at("w")}});
+  for (const std::string& name : names) {
+    EXPECT_TRUE(same_bytes(pools.pool(name), redrawn.pool(name))) << name;
+  }
 }
 
 // Integers span int8's range, both signs where the dtype has them, clipped
@@ -155,7 +241,7 @@ TEST(CheckpointPools, IntegerAndBooleanPoolsSpanTheirRanges) {
        {Row{at::kChar, -128, 127}, Row{at::kByte, 0, 127}, Row{at::kInt, -128, 127},
         Row{at::kLong, -128, 127}, Row{at::kBool, 0, 1}}) {
     SCOPED_TRACE(c10::toString(row.dtype));
-    const at::Tensor pool = checkpoint_pools(layouts_of(row.dtype, {4096})).at("w");
+    const at::Tensor pool = CheckpointPools(layouts_of(row.dtype, {4096})).pool("w");
     const at::Tensor values = pool.to(at::kLong);
     EXPECT_EQ(values.min().item<int64_t>(), row.low);
     EXPECT_EQ(values.max().item<int64_t>(), row.high);

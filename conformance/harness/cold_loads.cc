@@ -2,6 +2,7 @@
 
 #include "conformance/harness/cold_loads.h"
 
+#include "conformance/harness/digest.h"
 #include "conformance/harness/values.h"
 #include "conformance/trace/sparse_parts.h"
 
@@ -15,73 +16,21 @@
 namespace reloadsafe::harness {
 namespace {
 
-uint64_t mix(uint64_t h, uint64_t v) {
-  h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-  return h * 0xFF51AFD7ED558CCDull;
-}
-// One pass over the bytes in four independent lanes of eight bytes each (a
-// multiply's latency is not waited for at every word; FNV-style, 64 bits).
-// Each step, x -> (x ^ w) * odd, is a bijection of the lane and of the word,
-// and so is each step of the fold of the lanes: a single changed word always
-// changes the result.
-uint64_t mix_bytes(uint64_t h, const at::Tensor& t) {
-  constexpr uint64_t kPrime = 0x100000001B3ull;
-  const at::Tensor c = t.is_contiguous() ? t : t.contiguous();
-  const auto* p = static_cast<const unsigned char*>(c.const_data_ptr());
-  const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
-  // The lanes are four locals, not an array: gcc keeps an array indexed in
-  // a loop in memory, and each step then waits for a store to be read back.
-  uint64_t l0 = h, l1 = h ^ 1, l2 = h ^ 2, l3 = h ^ 3;
-  const auto word = [&](size_t at) {
-    uint64_t w;
-    std::memcpy(&w, p + at, 8);
-    return w;
-  };
-  size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    l0 = (l0 ^ word(i)) * kPrime;
-    l1 = (l1 ^ word(i + 8)) * kPrime;
-    l2 = (l2 ^ word(i + 16)) * kPrime;
-    l3 = (l3 ^ word(i + 24)) * kPrime;
-  }
-  for (; i + 8 <= n; i += 8) l0 = (l0 ^ word(i)) * kPrime;
-  for (; i < n; ++i) l0 = (l0 ^ p[i]) * kPrime;
-  uint64_t out = l0;
-  for (const uint64_t lane : {l1, l2, l3}) out = (out ^ lane) * kPrime;
-  return (out ^ static_cast<uint64_t>(n)) * kPrime;
-}
-// Mixes t's dtype, sizes and bytes into *h; false for a tensor whose bytes
-// are not simply there to read (not a dense CPU tensor, a Python subclass).
-bool mix_tensor(uint64_t* h, const at::Tensor& t) {
-  if (!t.defined() || !t.device().is_cpu() || t.layout() != at::kStrided || !t.has_storage() ||
-      t.is_conj() || t.is_neg() ||
-      t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python)) {
-    return false;
-  }
-  *h = mix(*h, static_cast<uint64_t>(t.scalar_type()));
-  for (int64_t d : t.sizes()) *h = mix(*h, static_cast<uint64_t>(d));
-  *h = mix_bytes(*h, t);
-  return true;
-}
-bool fingerprint(const Checkpoint& ckpt, const at::Tensor& x, uint64_t* out) {
-  uint64_t h = 0xCBF29CE484222325ull;
-  for (const auto& [name, t] : ckpt) {
-    for (char c : name) h = mix(h, static_cast<unsigned char>(c));
-    if (!mix_tensor(&h, t)) return false;
-  }
-  if (!mix_tensor(&h, x)) return false;
-  *out = h;
-  return true;
+// What a cold-load output is keyed by: the digest of the checkpoint it was
+// computed from (CheckpointDigest::whole) and the input's bytes; nothing
+// where either has no digest.
+std::optional<uint64_t> fingerprint(std::optional<uint64_t> ckpt, const at::Tensor& x) {
+  if (!ckpt) return std::nullopt;
+  uint64_t h = mix(0xCBF29CE484222325ull, *ckpt);
+  if (!mix_tensor(&h, x)) return std::nullopt;
+  return h;
 }
 
 // A digest of what `state` holds (Note [A cold state kept as its digest]);
 // false when a tensor of it cannot be read as plain CPU bytes.
 bool state_digest(const LayerState& state, uint64_t* out) {
   uint64_t h = 0x84222325CBF29CE4ull;
-  const auto mix_name = [&](const std::string& name) {
-    h = mix(h, name.size());
-    for (char c : name) h = mix(h, static_cast<unsigned char>(c));
-  };
+  const auto mix_name = [&](const std::string& name) { h = mix_string(h, name); };
   bool readable = true;
   for (const NamedTensor& n : state.tensors) {
     trace::for_each_part(n.name, n.tensor, [&](const std::string& name, const at::Tensor& t) {
@@ -113,12 +62,15 @@ bool sole_owner_of_its_bytes(const at::Tensor& t) {
 
 }  // namespace
 
-at::Tensor ColdLoadOutputs::forward(int r, const Checkpoint& ckpt, const at::Tensor& x,
+at::Tensor ColdLoadOutputs::forward(int r, std::optional<uint64_t> ckpt, const at::Tensor& x,
                                     const std::function<at::Tensor()>& cold_forward) {
   std::optional<Offered> offered = std::move(offered_);
   offered_.reset();
-  uint64_t print = 0;
-  const bool printed = keep_ && fingerprint(ckpt, x, &print);
+  // As a value and a flag: gcc 12 at -O2 takes an optional's value, kept
+  // in a struct below, for one that may be used uninitialized.
+  const std::optional<uint64_t> fingerprinted = keep_ ? fingerprint(ckpt, x) : std::nullopt;
+  const bool printed = fingerprinted.has_value();
+  const uint64_t print = fingerprinted.value_or(0);
   if (printed) {
     auto it = kept_.find(r);
     if (it != kept_.end() && it->second.fingerprint == print) return it->second.output;
@@ -139,11 +91,12 @@ at::Tensor ColdLoadOutputs::forward(int r, const Checkpoint& ckpt, const at::Ten
   return out;
 }
 
-bool ColdLoadOutputs::has_kept_forward(int r, const Checkpoint& ckpt, const at::Tensor& x) const {
+bool ColdLoadOutputs::has_kept_forward(int r, std::optional<uint64_t> ckpt,
+                                       const at::Tensor& x) const {
   const auto it = kept_.find(r);
-  uint64_t print = 0;
-  return keep_ && it != kept_.end() && fingerprint(ckpt, x, &print) &&
-         print == it->second.fingerprint;
+  if (!keep_ || it == kept_.end()) return false;
+  const std::optional<uint64_t> print = fingerprint(ckpt, x);
+  return print && *print == it->second.fingerprint;
 }
 
 void ColdLoadOutputs::offer(int r, at::Tensor input, at::Tensor out) {
@@ -155,24 +108,21 @@ void ColdLoadOutputs::offer(int r, at::Tensor input, at::Tensor out) {
   offered_ = Offered{r, std::move(input), std::move(out)};
 }
 
-void ColdLoadOutputs::keep_state(int r, const Checkpoint& ckpt, const at::Tensor& x,
+void ColdLoadOutputs::keep_state(int r, std::optional<uint64_t> ckpt, const at::Tensor& x,
                                  const LayerState& cold) {
-  uint64_t print = 0;
+  if (!keep_ || kept_states_.count(r) > 0) return;
+  const std::optional<uint64_t> print = fingerprint(ckpt, x);
   uint64_t digest = 0;
-  if (!keep_ || kept_states_.count(r) > 0 || !fingerprint(ckpt, x, &print) ||
-      !state_digest(cold, &digest)) {
-    return;
-  }
-  kept_states_[r] = KeptState{print, digest};
+  if (print && state_digest(cold, &digest)) kept_states_[r] = KeptState{*print, digest};
 }
 
-bool ColdLoadOutputs::matches_kept_state(int r, const Checkpoint& ckpt, const at::Tensor& x,
+bool ColdLoadOutputs::matches_kept_state(int r, std::optional<uint64_t> ckpt, const at::Tensor& x,
                                          const LayerState& live) const {
   const auto it = kept_states_.find(r);
-  uint64_t print = 0;
+  if (it == kept_states_.end()) return false;
+  const std::optional<uint64_t> print = fingerprint(ckpt, x);
   uint64_t digest = 0;
-  return it != kept_states_.end() && fingerprint(ckpt, x, &print) &&
-         print == it->second.fingerprint && state_digest(live, &digest) &&
+  return print && *print == it->second.fingerprint && state_digest(live, &digest) &&
          digest == it->second.digest;
 }
 

@@ -10,15 +10,14 @@
 // post-processing and a forward per reload, as much as the reload itself.
 // On the CPU each cold-load output is kept for the mode after (as it is
 // where the output is the only handle on a storage of its own, else a copy
-// of its bytes), with a fingerprint of what it was computed from (every
-// checkpoint tensor's name, dtype, sizes and bytes, and the input's), and
-// reused only when the later checkpoint and input have the same fingerprint;
-// a subject whose checkpoints or inputs differ for the same seed gets its
-// own cold loads as before. A cold load that depends on anything but the
-// checkpoint (a random rotation drawn at load) fails the comparison within
-// the first mode already. The kept outputs are the protocol's, not the
-// subject's: the memory census of the mode that makes them does not count
-// them.
+// of its bytes), with a fingerprint of what it was computed from (the
+// checkpoint's digest, taken once when the reload drew it: every tensor's
+// name, dtype, sizes and bytes (Note [A digest instead of a copy] in
+// digest.h); and the input's bytes), and reused only when the later checkpoint and input have the
+// same fingerprint; a subject whose checkpoints or inputs differ for the same seed gets its own
+// cold loads as before. A cold load that depends on anything but the checkpoint (a random rotation
+// drawn at load) fails the comparison within the first mode already. The kept outputs are the
+// protocol's, not the subject's: the memory census of the mode that makes them does not count them.
 //
 // Note [A cold state kept as its digest]
 // compare_state compares each reload's live state with the state of a cold
@@ -58,6 +57,7 @@
 // only the next forward() of its reload, on an input of the same bytes.
 #pragma once
 
+#include "conformance/harness/digest.h"
 #include "conformance/harness/layer_state.h"
 #include "conformance/harness/subject.h"
 
@@ -79,16 +79,20 @@ class ColdLoadOutputs {
   /// `keep`: keep outputs for a later mode (on the CPU).
   explicit ColdLoadOutputs(bool keep) : keep_(keep) {}
 
+  // Every `ckpt` below is the digest of a checkpoint (CheckpointDigest::
+  // whole() in digest.h): nothing, where the checkpoint has none, keeps and
+  // reuses nothing.
+
   /// The cold-load forward for reload `r` of `ckpt` on `x`: a kept one with
   /// the same fingerprint, else the offered one (offer()), else
   /// `cold_forward()`; the one returned is kept for the next mode if reload
   /// `r` has none kept yet. Drops the offer, taken or not.
-  at::Tensor forward(int r, const Checkpoint& ckpt, const at::Tensor& x,
+  at::Tensor forward(int r, std::optional<uint64_t> ckpt, const at::Tensor& x,
                      const std::function<at::Tensor()>& cold_forward);
 
   /// Whether forward(r, ckpt, x, ...) would return a kept output without
   /// computing one (so an offer would go unused).
-  bool has_kept_forward(int r, const Checkpoint& ckpt, const at::Tensor& x) const;
+  bool has_kept_forward(int r, std::optional<uint64_t> ckpt, const at::Tensor& x) const;
   /// Offers `out`, the forward on `input` of a cold load of reload `r`'s
   /// checkpoint that another check of the reload built, to the next
   /// forward() (Note [One cold layer per reload]); replaces any earlier one.
@@ -100,10 +104,10 @@ class ColdLoadOutputs {
   /// Keeps the digest of `cold`, the state of a cold load for reload `r` of
   /// `ckpt` with input `x`, for a later mode (Note [A cold state kept as its
   /// digest]); nothing where outputs are not kept or `cold` has no digest.
-  void keep_state(int r, const Checkpoint& ckpt, const at::Tensor& x, const LayerState& cold);
+  void keep_state(int r, std::optional<uint64_t> ckpt, const at::Tensor& x, const LayerState& cold);
   /// Whether `live` holds exactly the state kept for reload `r` of the same
   /// `ckpt` and `x`: then a cold load would show no difference from it.
-  bool matches_kept_state(int r, const Checkpoint& ckpt, const at::Tensor& x,
+  bool matches_kept_state(int r, std::optional<uint64_t> ckpt, const at::Tensor& x,
                           const LayerState& live) const;
 
   /// Bytes of the copies kept so far (the census discounts those made in its mode).

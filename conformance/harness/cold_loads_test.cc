@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,16 +42,22 @@ Checkpoint byte_checkpoint() {
   return {{"w", at::arange(77, at::kByte)}, {"scale", at::ones({3}, at::kFloat)}};
 }
 
+// What a checkpoint's cold loads are kept by (CheckpointDigest::whole).
+std::optional<uint64_t> digest_of(const Checkpoint& ckpt) {
+  return CheckpointDigest(ckpt).whole();
+}
+
 TEST(ColdLoadOutputs, TheSameCheckpointAndInputReuseTheKeptOutput) {
   ColdLoadOutputs outputs(/*keep=*/true);
   CountingForward fwd;
   const at::Tensor x = at::ones({2, 2});
-  const at::Tensor first = outputs.forward(1, byte_checkpoint(), x, std::ref(fwd));
-  const at::Tensor again = outputs.forward(1, byte_checkpoint(), x.clone(), std::ref(fwd));
+  const at::Tensor first = outputs.forward(1, digest_of(byte_checkpoint()), x, std::ref(fwd));
+  const at::Tensor again =
+      outputs.forward(1, digest_of(byte_checkpoint()), x.clone(), std::ref(fwd));
   EXPECT_EQ(fwd.calls, 1);
   EXPECT_TRUE(at::equal(first, again));
   // Another reload number is computed afresh.
-  outputs.forward(2, byte_checkpoint(), x, std::ref(fwd));
+  outputs.forward(2, digest_of(byte_checkpoint()), x, std::ref(fwd));
   EXPECT_EQ(fwd.calls, 2);
 }
 
@@ -70,10 +77,10 @@ TEST(ColdLoadOutputs, AnyOneChangedByteIsAnotherCheckpoint) {
     ColdLoadOutputs outputs(/*keep=*/true);
     CountingForward fwd;
     const at::Tensor x = at::ones({2, 2});
-    outputs.forward(1, byte_checkpoint(), x, std::ref(fwd));
+    outputs.forward(1, digest_of(byte_checkpoint()), x, std::ref(fwd));
     Checkpoint changed = byte_checkpoint();
     changed.at("w")[c.byte].add_(1);
-    const at::Tensor out = outputs.forward(1, changed, x, std::ref(fwd));
+    const at::Tensor out = outputs.forward(1, digest_of(changed), x, std::ref(fwd));
     EXPECT_EQ(fwd.calls, 2);
     EXPECT_EQ(out[0][0].item<double>(), 2.0);
   }
@@ -94,18 +101,29 @@ TEST(ColdLoadOutputs, AnotherInputNameOrShapeIsComputedAfresh) {
     SCOPED_TRACE(label);
     ColdLoadOutputs outputs(/*keep=*/true);
     CountingForward fwd;
-    outputs.forward(1, byte_checkpoint(), x, std::ref(fwd));
-    outputs.forward(1, ckpt_and_x.first, ckpt_and_x.second, std::ref(fwd));
+    outputs.forward(1, digest_of(byte_checkpoint()), x, std::ref(fwd));
+    outputs.forward(1, digest_of(ckpt_and_x.first), ckpt_and_x.second, std::ref(fwd));
     EXPECT_EQ(fwd.calls, 2);
   }
+}
+
+TEST(ColdLoadOutputs, ACheckpointWithoutADigestKeepsNothing) {
+  ColdLoadOutputs outputs(/*keep=*/true);
+  CountingForward fwd;
+  const at::Tensor x = at::ones({2, 2});
+  outputs.forward(1, std::nullopt, x, std::ref(fwd));
+  outputs.forward(1, std::nullopt, x, std::ref(fwd));
+  EXPECT_EQ(fwd.calls, 2);
+  EXPECT_EQ(outputs.kept_bytes(), 0);
+  EXPECT_FALSE(outputs.has_kept_forward(1, std::nullopt, x));
 }
 
 TEST(ColdLoadOutputs, NothingIsKeptWhenKeepingIsOff) {
   ColdLoadOutputs outputs(/*keep=*/false);
   CountingForward fwd;
   const at::Tensor x = at::ones({2, 2});
-  outputs.forward(1, byte_checkpoint(), x, std::ref(fwd));
-  outputs.forward(1, byte_checkpoint(), x, std::ref(fwd));
+  outputs.forward(1, digest_of(byte_checkpoint()), x, std::ref(fwd));
+  outputs.forward(1, digest_of(byte_checkpoint()), x, std::ref(fwd));
   EXPECT_EQ(fwd.calls, 2);
   EXPECT_EQ(outputs.kept_bytes(), 0);
 }
@@ -142,13 +160,13 @@ TEST(ColdLoadOutputs, AnOfferAnswersOnlyTheNextForwardOfItsReloadOnTheSameInput)
       outputs.offer(c.offered_reload, x.clone(), offered);
       if (c.dropped) outputs.drop_offer();
       const at::Tensor out =
-          outputs.forward(1, byte_checkpoint(), c.forward_input(x), std::ref(fwd));
+          outputs.forward(1, digest_of(byte_checkpoint()), c.forward_input(x), std::ref(fwd));
       EXPECT_EQ(fwd.calls, c.taken ? 0 : 1);
       EXPECT_EQ(out[0][0].item<double>(), c.taken ? 7.0 : 1.0);
       // The offer answered one forward at most: the next one of the same
       // reload is a kept output or a new cold load, never the offer again.
       fwd.calls = 0;
-      outputs.forward(1, byte_checkpoint(), c.forward_input(x), std::ref(fwd));
+      outputs.forward(1, digest_of(byte_checkpoint()), c.forward_input(x), std::ref(fwd));
       EXPECT_EQ(fwd.calls, keep ? 0 : 1);
     }
   }
@@ -161,7 +179,7 @@ TEST(ColdLoadOutputs, AnOfferedViewOfABufferWrittenAgainAnswersWithWhatItHeldWhe
   at::Tensor buffer = at::full({4, 2}, 5.0);  // a module-scope output buffer
   outputs.offer(1, x.clone(), buffer.narrow(0, 0, 2));
   buffer.fill_(9.0);  // the live forward writes its output there too
-  const at::Tensor out = outputs.forward(1, byte_checkpoint(), x, std::ref(fwd));
+  const at::Tensor out = outputs.forward(1, digest_of(byte_checkpoint()), x, std::ref(fwd));
   EXPECT_EQ(fwd.calls, 0);
   EXPECT_TRUE(at::equal(out, at::full({2, 2}, 5.0)));
 }
@@ -170,20 +188,20 @@ TEST(ColdLoadOutputs, ATakenOfferIsKeptForTheNextModeAsAComputedOutputIs) {
   ColdLoadOutputs outputs(/*keep=*/true);
   CountingForward fwd;
   const at::Tensor x = at::ones({2, 2});
-  EXPECT_FALSE(outputs.has_kept_forward(1, byte_checkpoint(), x));
+  EXPECT_FALSE(outputs.has_kept_forward(1, digest_of(byte_checkpoint()), x));
   outputs.offer(1, x.clone(), at::full({2, 2}, 7.0));
-  outputs.forward(1, byte_checkpoint(), x, std::ref(fwd));
-  EXPECT_TRUE(outputs.has_kept_forward(1, byte_checkpoint(), x));
-  EXPECT_FALSE(outputs.has_kept_forward(2, byte_checkpoint(), x));
-  EXPECT_FALSE(outputs.has_kept_forward(1, byte_checkpoint(), x * 2));
-  const at::Tensor again = outputs.forward(1, byte_checkpoint(), x, std::ref(fwd));
+  outputs.forward(1, digest_of(byte_checkpoint()), x, std::ref(fwd));
+  EXPECT_TRUE(outputs.has_kept_forward(1, digest_of(byte_checkpoint()), x));
+  EXPECT_FALSE(outputs.has_kept_forward(2, digest_of(byte_checkpoint()), x));
+  EXPECT_FALSE(outputs.has_kept_forward(1, digest_of(byte_checkpoint()), x * 2));
+  const at::Tensor again = outputs.forward(1, digest_of(byte_checkpoint()), x, std::ref(fwd));
   EXPECT_EQ(fwd.calls, 0);
   EXPECT_EQ(again[0][0].item<double>(), 7.0);
   EXPECT_EQ(outputs.kept_bytes(), 4 * static_cast<int64_t>(sizeof(float)));
 
   ColdLoadOutputs off(/*keep=*/false);
-  off.forward(1, byte_checkpoint(), x, std::ref(fwd));
-  EXPECT_FALSE(off.has_kept_forward(1, byte_checkpoint(), x));
+  off.forward(1, digest_of(byte_checkpoint()), x, std::ref(fwd));
+  EXPECT_FALSE(off.has_kept_forward(1, digest_of(byte_checkpoint()), x));
 }
 
 // Note [A cold state kept as its digest]: a state kept in one mode matches a
@@ -218,34 +236,35 @@ TEST(ColdLoadOutputs, AKeptStateMatchesOnlyTheSameState) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.label);
     ColdLoadOutputs kept(/*keep=*/true);
-    kept.keep_state(1, byte_checkpoint(), x, byte_state());
+    kept.keep_state(1, digest_of(byte_checkpoint()), x, byte_state());
     LayerState live = byte_state();
     c.change(live);
-    EXPECT_EQ(kept.matches_kept_state(1, byte_checkpoint(), x, live), c.matches);
+    EXPECT_EQ(kept.matches_kept_state(1, digest_of(byte_checkpoint()), x, live), c.matches);
   }
 }
 
 TEST(ColdLoadOutputs, AKeptStateIsForItsReloadAndCheckpointOnly) {
   const at::Tensor x = at::ones({2, 2});
   ColdLoadOutputs kept(/*keep=*/true);
-  EXPECT_FALSE(kept.matches_kept_state(1, byte_checkpoint(), x, byte_state()));  // none kept
-  kept.keep_state(1, byte_checkpoint(), x, byte_state());
-  EXPECT_TRUE(kept.matches_kept_state(1, byte_checkpoint(), x, byte_state()));
-  EXPECT_FALSE(kept.matches_kept_state(2, byte_checkpoint(), x, byte_state()));
+  EXPECT_FALSE(
+      kept.matches_kept_state(1, digest_of(byte_checkpoint()), x, byte_state()));  // none kept
+  kept.keep_state(1, digest_of(byte_checkpoint()), x, byte_state());
+  EXPECT_TRUE(kept.matches_kept_state(1, digest_of(byte_checkpoint()), x, byte_state()));
+  EXPECT_FALSE(kept.matches_kept_state(2, digest_of(byte_checkpoint()), x, byte_state()));
   Checkpoint other = byte_checkpoint();
   other["scale"][0] = 2;
-  EXPECT_FALSE(kept.matches_kept_state(1, other, x, byte_state()));
-  EXPECT_FALSE(kept.matches_kept_state(1, byte_checkpoint(), x * 2, byte_state()));
+  EXPECT_FALSE(kept.matches_kept_state(1, digest_of(other), x, byte_state()));
+  EXPECT_FALSE(kept.matches_kept_state(1, digest_of(byte_checkpoint()), x * 2, byte_state()));
 
   ColdLoadOutputs off(/*keep=*/false);
-  off.keep_state(1, byte_checkpoint(), x, byte_state());
-  EXPECT_FALSE(off.matches_kept_state(1, byte_checkpoint(), x, byte_state()));
+  off.keep_state(1, digest_of(byte_checkpoint()), x, byte_state());
+  EXPECT_FALSE(off.matches_kept_state(1, digest_of(byte_checkpoint()), x, byte_state()));
   // A state with a tensor a digest cannot read (here: on the meta device)
   // is not kept, and never matches.
   LayerState meta = byte_state();
   meta.tensors[1].tensor = at::ones({3}, at::TensorOptions().device(at::kMeta));
-  kept.keep_state(2, byte_checkpoint(), x, meta);
-  EXPECT_FALSE(kept.matches_kept_state(2, byte_checkpoint(), x, meta));
+  kept.keep_state(2, digest_of(byte_checkpoint()), x, meta);
+  EXPECT_FALSE(kept.matches_kept_state(2, digest_of(byte_checkpoint()), x, meta));
 }
 
 }  // namespace

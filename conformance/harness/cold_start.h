@@ -8,6 +8,7 @@
 #pragma once
 
 #include "conformance/harness/cold_loads.h"
+#include "conformance/harness/digest.h"
 #include "conformance/harness/step.h"
 #include "conformance/harness/subject.h"
 
@@ -45,12 +46,12 @@ auto in_stage(const std::string& stage, F&& run) -> decltype(run()) {
   }
 }
 
-/// Throws c10::Error when the forward gives `out`, the cold load of
-/// `first`'s output, for a cold load of reload 1's checkpoint too (Note [A
-/// check that tests nothing]); that cold load's output is kept in
-/// `cold_loads` for reload 1.
+/// Throws c10::Error when the forward gives `out`, the output of the cold
+/// load of the checkpoint `first` digested, for a cold load of reload 1's
+/// checkpoint too (Note [A check that tests nothing]); that cold load's
+/// output is kept in `cold_loads` for reload 1.
 void refuse_a_check_that_tests_nothing(ModeContext& mode, ColdLoadOutputs& cold_loads,
-                                       const Checkpoint& first, const at::Tensor& out);
+                                       const CheckpointDigest& first, const at::Tensor& out);
 
 /// Appends to `free_names` the host numbers of the live layer (after its
 /// warm-up) that a cold load of `ckpt` leaves at another value (Note

@@ -123,8 +123,9 @@ void ForwardChecks::check(const Reload& reload, const at::Tensor& replayed_graph
     if (!mode_.layer_step_runs(r, "the forward after the reload", forward)) return;
     after_forward();
   }
-  const at::Tensor expected =
-      cold_loads_.forward(r, ckpt, x_, [&] { return mode_.cold_forward_aside(ckpt, x_); });
+  const at::Tensor expected = cold_loads_.forward(r, reload.checkpoint_digest, x_, [&] {
+    return mode_.cold_forward_aside(ckpt, x_, /*built=*/false);
+  });
   const bool out_close = close(out, expected);
   if (!out_close) {
     sink.add(r, "forward", "differs from a cold load of the same checkpoint", "cold load",
@@ -174,7 +175,7 @@ bool ForwardChecks::sequence_follows_the_weights(const trace::CheckingRetrace& r
   if (!capture_.forward->can_follow_values(retrace)) return false;  // no run to trace
   const at::Tensor x = mode_.input().clone();  // the aside forward may write its input
   trace::ReadTrace cold(trace::capture_trace_options());
-  mode_.cold_forward_aside(ckpt, x);
+  mode_.cold_forward_aside(ckpt, x, /*built=*/true);  // its calls are compared
   cold.stop();
   return capture_.forward->follows_values(retrace, cold.ops());
 }

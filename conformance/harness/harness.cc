@@ -64,17 +64,17 @@ ReloadSession::ReloadSession(const Backend& backend, const c10::Device& device,
     : backend_(backend), device_(device) {
   layer_ = fresh != nullptr ? std::move(fresh) : backend_.create_layer(device_);
   layouts_ = checkpoint_layouts(backend_, *layer_);
-  load(*layer_, ckpt ? *ckpt : draw_from_pools(pools(), seed));
+  load(*layer_, ckpt ? *ckpt : pools().draw(seed));
   backend_.process_weights_after_loading(*layer_);
 }
 
-const Checkpoint& ReloadSession::pools() const {
-  if (!pools_) pools_ = checkpoint_pools(layouts_);
+const CheckpointPools& ReloadSession::pools() const {
+  if (!pools_) pools_.emplace(layouts_);
   return *pools_;
 }
 
 Checkpoint ReloadSession::draw_checkpoint(uint64_t seed) const {
-  return draw_from_pools(pools(), seed);
+  return pools().draw(seed);
 }
 
 void ReloadSession::reload(ReloadMode mode, const Checkpoint& ckpt) {
@@ -187,9 +187,9 @@ Checkpoint BackendSubject::draw_checkpoint(uint64_t seed) {
     // The layouts of a freshly created layer; the pools are fixed by them, so
     // every layer would give the same ones.
     fresh_layer_ = backend_.create_layer(device_);
-    pools_ = checkpoint_pools(checkpoint_layouts(backend_, *fresh_layer_));
+    pools_.emplace(checkpoint_layouts(backend_, *fresh_layer_));
   }
-  return draw_from_pools(*pools_, seed);
+  return pools_->draw(seed);
 }
 
 at::Tensor BackendSubject::draw_input(uint64_t seed) {

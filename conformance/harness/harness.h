@@ -15,6 +15,7 @@
 #pragma once
 
 #include "conformance/harness/backend.h"
+#include "conformance/harness/checkpoint_pools.h"
 #include "conformance/harness/protocol.h"
 #include "conformance/harness/report.h"
 #include "conformance/harness/run_options.h"
@@ -76,11 +77,11 @@ class ReloadSession {
   ReloadSession(const Backend& backend, const c10::Device& device, std::shared_ptr<Layer> fresh,
                 const std::optional<Checkpoint>& ckpt, uint64_t seed);
   // The checkpoint pools (Note [Checkpoints from a pool]), drawn on first use.
-  const Checkpoint& pools() const;
+  const CheckpointPools& pools() const;
   const Backend& backend_;
   c10::Device device_;
   Checkpoint layouts_;  // meta tensors
-  mutable std::optional<Checkpoint> pools_;
+  mutable std::optional<CheckpointPools> pools_;
   std::shared_ptr<Layer> layer_;
 };
 
@@ -104,7 +105,7 @@ class BackendSubject : public ReloadSubject {
   BackendSubject(const Backend& backend, const c10::Device& device);
 
   SubjectInfo info() const override;
-  /// draw_from_pools of the pools of the backend's checkpoint layouts
+  /// A draw of the pools of the backend's checkpoint layouts
   /// (Note [Checkpoints from a pool]), drawn on the first call.
   Checkpoint draw_checkpoint(uint64_t seed) override;
   at::Tensor draw_input(uint64_t seed) override;
@@ -118,7 +119,7 @@ class BackendSubject : public ReloadSubject {
   const Backend& backend_;
   c10::Device device_;
   // Every checkpoint's pools (Note [Checkpoints from a pool]), drawn once.
-  std::optional<Checkpoint> pools_;
+  std::optional<CheckpointPools> pools_;
   // The layer created to read the pools' layouts, untouched: the next
   // new_layer() takes it rather than creating one more.
   std::shared_ptr<Layer> fresh_layer_;

@@ -40,15 +40,87 @@ void CachesEmptied::restore() {
   subject_.restore_caches();
 }
 
-std::shared_ptr<SubjectLayer> cold_loaded(ReloadSubject& subject, const Checkpoint& ckpt,
-                                          int loads) {
-  std::shared_ptr<SubjectLayer> layer = subject.new_layer();
-  TORCH_CHECK(layer != nullptr, "the subject's new_layer() returned no layer");
+namespace {
+
+std::shared_ptr<SubjectLayer> loaded(std::shared_ptr<SubjectLayer> layer, const Checkpoint& ckpt,
+                                     int loads) {
   for (int i = 0; i < loads; ++i) {
     layer->load(ckpt);
     layer->process();
   }
   return layer;
+}
+
+// Whether `a` and `b` hold the same names in the same order (each tensor of
+// the same dtype and shape) and state_differences() finds nothing between
+// them.
+bool same_state(const LayerState& a, const LayerState& b) {
+  const auto same_names = [](const auto& x, const auto& y) {
+    return x.size() == y.size() &&
+           std::equal(x.begin(), x.end(), y.begin(),
+                      [](const auto& p, const auto& q) { return p.name == q.name; });
+  };
+  if (!same_names(a.tensors, b.tensors) || !same_names(a.numbers, b.numbers)) return false;
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    const at::Tensor& x = a.tensors[i].tensor;
+    const at::Tensor& y = b.tensors[i].tensor;
+    if (x.defined() != y.defined()) return false;
+    if (x.defined() && (x.scalar_type() != y.scalar_type() || x.sizes() != y.sizes() ||
+                        x.layout() != y.layout())) {
+      return false;
+    }
+  }
+  return state_differences(a, b).empty();
+}
+
+}  // namespace
+
+std::shared_ptr<SubjectLayer> cold_loaded(ReloadSubject& subject, const Checkpoint& ckpt,
+                                          int loads) {
+  std::shared_ptr<SubjectLayer> layer = subject.new_layer();
+  TORCH_CHECK(layer != nullptr, "the subject's new_layer() returned no layer");
+  return loaded(std::move(layer), ckpt, loads);
+}
+
+std::shared_ptr<SubjectLayer> AsideLayers::new_layer(bool built) {
+  if (state_ == State::kProven && !built) {
+    std::shared_ptr<SubjectLayer> copy = subject_.copy_of_new_layer();
+    if (copy != nullptr) return copy;
+  }
+  std::shared_ptr<SubjectLayer> layer = subject_.new_layer();
+  TORCH_CHECK(layer != nullptr, "the subject's new_layer() returned no layer");
+  return layer;
+}
+
+std::optional<at::Tensor> AsideLayers::try_copy(SubjectLayer& live, const Checkpoint& ckpt,
+                                                const at::Tensor& x, const SubjectInfo& info,
+                                                bool numbers) {
+  if (state_ != State::kUntried) return std::nullopt;
+  state_ = State::kRefused;  // unless the copy holds what the live layer holds
+  try {
+    const LayerState built = layer_state(live, subject_.cache_tensors(), info, numbers);
+    std::shared_ptr<SubjectLayer> copy = subject_.copy_of_new_layer();
+    if (copy == nullptr) return std::nullopt;
+    CachesEmptied caches(subject_);
+    copy = loaded(std::move(copy), ckpt, 1);
+    if (!same_state(built, layer_state(*copy, subject_.cache_tensors(), info, numbers))) {
+      return std::nullopt;
+    }
+    at::Tensor out = copy->forward(x);
+    copy.reset();
+    caches.restore();
+    state_ = State::kTried;
+    return out;
+  } catch (const std::exception&) {
+    // A copy that cannot be made, loaded or run is no reference: layers
+    // made aside are built (the live layer's own steps ran, and raise in
+    // their own right where they fail).
+    return std::nullopt;
+  }
+}
+
+void AsideLayers::settle(bool same_output) {
+  if (state_ == State::kTried) state_ = same_output ? State::kProven : State::kRefused;
 }
 
 std::vector<NamedNumber> checked_numbers(SubjectLayer& layer, const SubjectInfo& info) {
@@ -62,8 +134,9 @@ std::vector<NamedNumber> checked_numbers(SubjectLayer& layer, const SubjectInfo&
 }
 
 LayerState layer_state(SubjectLayer& layer, std::vector<NamedTensor> caches,
-                       const SubjectInfo& info) {
-  LayerState state{layer.named_tensors(), checked_numbers(layer, info)};
+                       const SubjectInfo& info, bool numbers) {
+  LayerState state{layer.named_tensors(), {}};
+  if (numbers) state.numbers = checked_numbers(layer, info);
   for (NamedTensor& c : caches) state.tensors.push_back(std::move(c));
   if (!info.free_names.empty()) {
     state.tensors.erase(std::remove_if(state.tensors.begin(), state.tensors.end(),
@@ -73,31 +146,32 @@ LayerState layer_state(SubjectLayer& layer, std::vector<NamedTensor> caches,
   return state;
 }
 
-at::Tensor cold_forward(ReloadSubject& subject, const Checkpoint& ckpt, const at::Tensor& x) {
-  CachesEmptied caches(subject);
-  std::shared_ptr<SubjectLayer> layer = cold_loaded(subject, ckpt);
+at::Tensor cold_forward(AsideLayers& aside, const Checkpoint& ckpt, const at::Tensor& x,
+                        bool built) {
+  CachesEmptied caches(aside.subject());
+  std::shared_ptr<SubjectLayer> layer = loaded(aside.new_layer(built), ckpt, 1);
   at::Tensor out = layer->forward(x);
   layer.reset();
   caches.restore();
   return out;
 }
 
-LayerState cold_state(ReloadSubject& subject, const SubjectInfo& info, const Checkpoint& ckpt,
+LayerState cold_state(AsideLayers& aside, const SubjectInfo& info, const Checkpoint& ckpt,
                       int loads, const at::Tensor& forward_input) {
-  CachesEmptied caches(subject);
-  std::shared_ptr<SubjectLayer> layer = cold_loaded(subject, ckpt, loads);
+  CachesEmptied caches(aside.subject());
+  std::shared_ptr<SubjectLayer> layer = loaded(aside.new_layer(), ckpt, loads);
   if (forward_input.defined()) layer->forward(forward_input);
-  LayerState state = layer_state(*layer, subject.cache_tensors(), info);
+  LayerState state = layer_state(*layer, aside.subject().cache_tensors(), info);
   caches.restore();
   return state;
 }
 
 std::optional<at::Tensor> cold_state_then_forward(
-    ReloadSubject& subject, const SubjectInfo& info, const Checkpoint& ckpt,
+    AsideLayers& aside, const SubjectInfo& info, const Checkpoint& ckpt,
     const std::function<void(const LayerState&)>& with_state, const at::Tensor& x) {
-  CachesEmptied caches(subject);
-  std::shared_ptr<SubjectLayer> layer = cold_loaded(subject, ckpt);
-  with_state(layer_state(*layer, subject.cache_tensors(), info));
+  CachesEmptied caches(aside.subject());
+  std::shared_ptr<SubjectLayer> layer = loaded(aside.new_layer(), ckpt, 1);
+  with_state(layer_state(*layer, aside.subject().cache_tensors(), info));
   std::optional<at::Tensor> out;
   if (x.defined()) {
     try {

@@ -1,6 +1,7 @@
 // The rules of a layer's life (layer_life.h) on a hand-written subject: how
 // many loads a layer built aside gets, the module caches around it however
-// it ends, and what a layer's state holds.
+// it ends, what a layer's state holds, and when the layers made aside are
+// the subject's copies.
 
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 
@@ -66,6 +67,8 @@ class Subject : public ReloadSubject {
     built.push_back(layer);
     return layer;
   }
+  // A copy of a layer as built, as `copies` says (CopyKind).
+  std::shared_ptr<SubjectLayer> copy_of_new_layer() override;
   std::vector<NamedTensor> cache_tensors() override { return cache.entries; }
   void empty_caches() override {
     stashed.push_back(cache);
@@ -79,9 +82,52 @@ class Subject : public ReloadSubject {
   Cache cache;
   std::vector<Cache> stashed;
   std::vector<std::shared_ptr<Layer>> built;
+  int copies_made = 0;
   bool fail_load = false;
   bool fail_forward = false;
+  // What copy_of_new_layer() gives.
+  enum class CopyKind {
+    kNone,         // none: the subject has no cheaper way
+    kFaithful,     // a layer that loads and runs as a built one
+    kLoadsOther,   // its load leaves another value in w
+    kRunsOther,    // its forward gives another output
+    kOtherNumber,  // another host number
+    kRaises,       // its post-processing raises
+  };
+  CopyKind copies = CopyKind::kNone;
 };
+
+// A copy, as Subject::copies says.
+class CopyLayer : public Layer {
+ public:
+  CopyLayer(Subject& s, Subject::CopyKind kind) : Layer(s), kind_(kind) {}
+  void load(const Checkpoint& ckpt) override {
+    Layer::load(ckpt);
+    if (kind_ == Subject::CopyKind::kLoadsOther) w.add_(1);
+  }
+  void process() override {
+    if (kind_ == Subject::CopyKind::kRaises) throw std::runtime_error("copy failed");
+    Layer::process();
+  }
+  at::Tensor forward(const at::Tensor& x) override {
+    const at::Tensor y = Layer::forward(x);
+    return kind_ == Subject::CopyKind::kRunsOther ? y + 1 : y;
+  }
+  std::vector<NamedNumber> named_numbers() override {
+    std::vector<NamedNumber> out = Layer::named_numbers();
+    if (kind_ == Subject::CopyKind::kOtherNumber) out[0].value += 1;
+    return out;
+  }
+
+ private:
+  Subject::CopyKind kind_;
+};
+
+std::shared_ptr<SubjectLayer> Subject::copy_of_new_layer() {
+  if (copies == CopyKind::kNone) return nullptr;
+  ++copies_made;
+  return std::make_shared<CopyLayer>(*this, copies);
+}
 
 void Layer::load(const Checkpoint& ckpt) {
   if (s_.fail_load) throw std::runtime_error("load failed");
@@ -117,12 +163,13 @@ TEST(LayerLife, AsideTheCachesAreEmptiedAndPutBackHoweverTheStepEnds) {
   subject.cache.entries.push_back({"cache[live]", at::zeros({1}), false});
   // The forward of a layer built aside, and its state, with what its own
   // post-processing cached; the live entry is back after each.
-  const at::Tensor y = cold_forward(subject, subject.draw_checkpoint(5), subject.draw_input(0));
+  AsideLayers aside(subject);
+  const at::Tensor y = cold_forward(aside, subject.draw_checkpoint(5), subject.draw_input(0));
   EXPECT_TRUE(at::equal(y, at::full({4}, 10.0)));
   ASSERT_EQ(subject.cache.entries.size(), 1u);
   EXPECT_EQ(subject.cache.entries[0].name, "cache[live]");
 
-  const LayerState state = cold_state(subject, SubjectInfo{}, subject.draw_checkpoint(5), 2, {});
+  const LayerState state = cold_state(aside, SubjectInfo{}, subject.draw_checkpoint(5), 2, {});
   std::vector<std::string> names;
   for (const NamedTensor& t : state.tensors) names.push_back(t.name);
   EXPECT_EQ(names, (std::vector<std::string>{"w", "workspace", "cache[w]", "cache[w]"}))
@@ -131,7 +178,7 @@ TEST(LayerLife, AsideTheCachesAreEmptiedAndPutBackHoweverTheStepEnds) {
   EXPECT_TRUE(subject.stashed.empty());
 
   subject.fail_load = true;
-  EXPECT_THROW(cold_forward(subject, subject.draw_checkpoint(5), subject.draw_input(0)),
+  EXPECT_THROW(cold_forward(aside, subject.draw_checkpoint(5), subject.draw_input(0)),
                std::runtime_error);
   ASSERT_EQ(subject.cache.entries.size(), 1u) << "restored while the error unwinds";
   EXPECT_TRUE(subject.stashed.empty());
@@ -157,10 +204,11 @@ TEST(LayerLife, AColdStateThenForwardReadsTheStateBeforeTheForwardRuns) {
     Subject subject;
     subject.cache.entries.push_back({"cache[live]", at::zeros({1}), false});
     subject.fail_forward = c.forward_fails;
+    AsideLayers aside(subject);
     std::vector<std::string> names;
     int forwards_before_state = -1;
     const std::optional<at::Tensor> out = cold_state_then_forward(
-        subject, SubjectInfo{}, subject.draw_checkpoint(5),
+        aside, SubjectInfo{}, subject.draw_checkpoint(5),
         [&](const LayerState& state) {
           for (const NamedTensor& t : state.tensors) names.push_back(t.name);
           forwards_before_state = subject.built.at(0)->forwards;
@@ -172,8 +220,8 @@ TEST(LayerLife, AColdStateThenForwardReadsTheStateBeforeTheForwardRuns) {
     EXPECT_EQ(subject.built.at(0)->forwards, c.input ? 1 : 0);
     ASSERT_EQ(out.has_value(), c.output);
     if (out) {
-      EXPECT_TRUE(at::equal(
-          *out, cold_forward(subject, subject.draw_checkpoint(5), subject.draw_input(0))));
+      EXPECT_TRUE(
+          at::equal(*out, cold_forward(aside, subject.draw_checkpoint(5), subject.draw_input(0))));
     }
     ASSERT_EQ(subject.cache.entries.size(), 1u);
     EXPECT_EQ(subject.cache.entries[0].name, "cache[live]");
@@ -208,6 +256,67 @@ TEST(LayerLife, AStateLeavesOutTheNamesTheSubjectSaysAreFree) {
     std::vector<std::string> checked;
     for (const NamedNumber& n : checked_numbers(*layer, info)) checked.push_back(n.name);
     EXPECT_EQ(checked, row.numbers);
+  }
+}
+
+// Note [Layers made aside by copying]: the layers made aside are copies only
+// once one, loaded with the live layer's checkpoint, held the live layer's
+// state (its numbers too, where asked) and gave its forward's output; any
+// other copy, or none, leaves them built. The caches are emptied for the
+// copy tried and put back, and the live layer is left alone.
+TEST(LayerLife, LayersMadeAsideAreCopiesOnceOneLoadsAsABuiltLayerDoes) {
+  using Kind = Subject::CopyKind;
+  struct Row {
+    const char* name;
+    Kind copies;
+    bool numbers;      // the run compares host numbers
+    bool tried;        // try_copy() returned a forward
+    bool copies_used;  // what the layers made aside then are
+  };
+  const Row rows[] = {
+      {"no copies", Kind::kNone, false, false, false},
+      {"a faithful copy", Kind::kFaithful, false, true, true},
+      {"a faithful copy, numbers compared", Kind::kFaithful, true, true, true},
+      {"a copy that loads another value", Kind::kLoadsOther, false, false, false},
+      {"a copy whose forward differs", Kind::kRunsOther, false, true, false},
+      {"another number, numbers compared", Kind::kOtherNumber, true, false, false},
+      {"another number, numbers not compared", Kind::kOtherNumber, false, true, true},
+      {"a copy that raises", Kind::kRaises, false, false, false},
+  };
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.name);
+    Subject subject;
+    subject.copies = row.copies;
+    subject.cache.entries.push_back({"cache[outside]", at::zeros({1}), false});
+    CachesEmptied mode(subject);  // as a mode starts
+    const Checkpoint ckpt = subject.draw_checkpoint(5);
+    const at::Tensor x = subject.draw_input(0);
+    std::shared_ptr<SubjectLayer> live = cold_loaded(subject, ckpt);
+    AsideLayers aside(subject);
+    ASSERT_TRUE(aside.untried());
+    const std::optional<at::Tensor> copied =
+        aside.try_copy(*live, ckpt, x, SubjectInfo{}, row.numbers);
+    EXPECT_FALSE(aside.untried());
+    EXPECT_EQ(copied.has_value(), row.tried);
+    // The caches hold what the live layer's cold load put there; the live
+    // layer was not run.
+    ASSERT_EQ(subject.cache.entries.size(), 1u);
+    EXPECT_EQ(subject.stashed.size(), 1u);
+    EXPECT_EQ(subject.built.at(0)->forwards, 0);
+    const at::Tensor out = live->forward(x);
+    aside.settle(copied && at::equal(*copied, out));
+    const int built = static_cast<int>(subject.built.size());
+    const int made = subject.copies_made;
+    const at::Tensor y = cold_forward(aside, subject.draw_checkpoint(6), x);
+    EXPECT_TRUE(at::equal(y, at::full({4}, 12.0)));
+    EXPECT_EQ(subject.copies_made - made, row.copies_used ? 1 : 0);
+    EXPECT_EQ(static_cast<int>(subject.built.size()) - built, row.copies_used ? 0 : 1);
+    // A forward whose calls are compared asks for a built layer, copies or not.
+    const int copies_before = subject.copies_made;
+    cold_forward(aside, subject.draw_checkpoint(6), x, /*built=*/true);
+    EXPECT_EQ(subject.copies_made, copies_before);
+    // A second try changes nothing.
+    EXPECT_FALSE(aside.try_copy(*live, ckpt, x, SubjectInfo{}, row.numbers).has_value());
   }
 }
 

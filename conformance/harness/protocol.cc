@@ -5,6 +5,7 @@
 #include "conformance/harness/cold_loads.h"
 #include "conformance/harness/cold_start.h"
 #include "conformance/harness/device_graph.h"
+#include "conformance/harness/digest.h"
 #include "conformance/harness/forward_checks.h"
 #include "conformance/harness/layer_life.h"
 #include "conformance/harness/mode_memory.h"
@@ -141,34 +142,28 @@ void add_reload_raised(ViolationSink& sink, int r, const std::string& what,
 // mode learnt (free names), the run's input (drawn by the first mode to
 // start and never handed to the subject: each mode hands the forward a copy
 // and keeps this one to tell whether the forward wrote its input), the
-// cold-load outputs kept for the next mode, and whether the run's one-time
-// checks ran and what they refused.
+// cold-load outputs kept for the next mode, where the layers made aside come
+// from, and whether the run's one-time checks ran and what they refused.
 struct RunShared {
   SubjectInfo info;
   ColdLoadOutputs cold_loads;
+  AsideLayers aside;
   at::Tensor input;
   bool checked_once = false;
   std::string refused;  // what the one-time checks refused, if anything
 };
 
-// The run's one-time checks of its cold load (cold_start.h), asked by its
-// first mode: a check that would test nothing is refused, and the numbers
-// no load decides are freed where `steps` compare numbers. What they refuse
-// is every mode's error.
-void check_once_per_run(ModeContext& mode, RunShared& shared, const ReloadSteps& steps,
-                        const Checkpoint& ckpt, const at::Tensor& out) {
-  if (!shared.checked_once) {
-    shared.checked_once = true;
-    try {
-      refuse_a_check_that_tests_nothing(mode, shared.cold_loads, ckpt, out);
-      if (takes_kind(steps, StepKind::kCheck)) {
-        free_numbers_no_load_decides(mode, ckpt, shared.info.free_names);
-      }
-    } catch (const c10::Error& e) {
-      shared.refused = e.what_without_backtrace();
-    }
+// Runs `check`, one of the run's one-time checks of its cold load
+// (cold_start.h), asked by its first mode, unless an earlier one refused:
+// what they refuse is every mode's error.
+template <typename F>
+void check_once(RunShared& shared, F&& check) {
+  if (!shared.refused.empty()) return;
+  try {
+    check();
+  } catch (const c10::Error& e) {
+    shared.refused = e.what_without_backtrace();
   }
-  if (!shared.refused.empty()) C10_THROW_ERROR(Error, shared.refused);
 }
 
 // One mode of the protocol: start (cold load, warm-up, baseline, capture),
@@ -232,30 +227,32 @@ class ModeRun final : public ModeContext {
   LayerState live_state() override { return layer_state(*live_, subject_.cache_tensors(), info_); }
   LayerState cold_state_aside(const Checkpoint& ckpt, int loads,
                               const at::Tensor& forward_input) override {
-    return memory_.aside([&] { return cold_state(subject_, info_, ckpt, loads, forward_input); });
+    return memory_.aside(
+        [&] { return cold_state(shared_.aside, info_, ckpt, loads, forward_input); });
   }
   void compare_cold_state(const Reload& reload, const LayerState& live,
                           const std::function<void(const LayerState&)>& compare) override {
     ColdLoadOutputs& kept = shared_.cold_loads;
     const Checkpoint& ckpt = reload.checkpoint;
-    if (kept.matches_kept_state(reload.index, ckpt, input_, live)) return;
+    const std::optional<uint64_t> digest = reload.checkpoint_digest;
+    if (kept.matches_kept_state(reload.index, digest, input_, live)) return;
     // Note [One cold layer per reload]: its forward (on a copy: it may write
     // its input) serves the forward check, unless an earlier mode's is kept.
-    const bool kept_forward = kept.has_kept_forward(reload.index, ckpt, input_);
+    const bool kept_forward = kept.has_kept_forward(reload.index, digest, input_);
     const at::Tensor x = kept_forward ? at::Tensor() : input_.clone();
     std::optional<at::Tensor> out = memory_.aside([&] {
       return cold_state_then_forward(
-          subject_, info_, ckpt,
+          shared_.aside, info_, ckpt,
           [&](const LayerState& cold) {
-            kept.keep_state(reload.index, ckpt, input_, cold);
+            kept.keep_state(reload.index, digest, input_, cold);
             compare(cold);
           },
           x);
     });
     if (out) kept.offer(reload.index, x, std::move(*out));
   }
-  at::Tensor cold_forward_aside(const Checkpoint& ckpt, const at::Tensor& x) override {
-    return memory_.aside([&] { return cold_forward(subject_, ckpt, x); });
+  at::Tensor cold_forward_aside(const Checkpoint& ckpt, const at::Tensor& x, bool built) override {
+    return memory_.aside([&] { return cold_forward(shared_.aside, ckpt, x, built); });
   }
 
   bool layer_step_runs(int r, const std::string& what, const std::function<void()>& run) override {
@@ -280,17 +277,8 @@ class ModeRun final : public ModeContext {
                         [&] { return draw_run_input(subject_, options_); });
     }
     x_ = input_.clone();
-    {  // the checkpoint is let go of before the baseline: what the layer keeps of it counts
-      const Checkpoint ckpt = in_stage("drawing the cold load's checkpoint (" + seeds + ")",
-                                       [&] { return subject_.draw_checkpoint(seed); });
-      live_ = in_stage("the cold load's load or post-processing (" + seeds + ")",
-                       [&] { return cold_loaded(subject_, ckpt); });
-      for (const auto& step : step_objects_) step->cold_loaded(*this);
-      const at::Tensor out = in_stage("the cold load's forward (" + seeds + ")", [&] {
-        return warm_up(*live_, x_, options_.trace && info_.warm_up_under_trace);
-      });
-      check_once_per_run(*this, shared_, steps_, ckpt, out);
-    }
+    cold_load(seeds);
+    if (!shared_.refused.empty()) C10_THROW_ERROR(Error, shared_.refused);
     const auto bytes = at::TensorOptions().dtype(at::kByte);
     canary_ = at::full({kCanaryBytes}, kCanaryByte, bytes.device(options_.device));
     canary_bytes_ = at::full({kCanaryBytes}, kCanaryByte, bytes);
@@ -304,15 +292,58 @@ class ModeRun final : public ModeContext {
     memory_.start();
   }
 
+  // The live layer's cold load and warm-up, with what the run asks of its
+  // first mode's: a copy tried (Note [Layers made aside by copying]) and
+  // the one-time checks. What they make is let go of on return, before the
+  // baseline: what the layer keeps of it counts.
+  void cold_load(const std::string& seeds) {
+    const bool once = !shared_.checked_once;
+    std::optional<CheckpointDigest> first;  // the cold load's checkpoint, for the checks
+    at::Tensor out;
+    {
+      const Checkpoint ckpt = in_stage("drawing the cold load's checkpoint (" + seeds + ")",
+                                       [&] { return subject_.draw_checkpoint(options_.seed); });
+      live_ = in_stage("the cold load's load or post-processing (" + seeds + ")",
+                       [&] { return cold_loaded(subject_, ckpt); });
+      for (const auto& step : step_objects_) step->cold_loaded(*this);
+      std::optional<at::Tensor> copied;
+      if (shared_.aside.untried()) {
+        copied = memory_.aside([&] {
+          return shared_.aside.try_copy(*live_, ckpt, input_.clone(), info_,
+                                        takes_kind(steps_, StepKind::kCheck));
+        });
+      }
+      out = in_stage("the cold load's forward (" + seeds + ")", [&] {
+        return warm_up(*live_, x_, options_.trace && info_.warm_up_under_trace);
+      });
+      if (copied) shared_.aside.settle(close(*copied, out));
+      if (once) {
+        shared_.checked_once = true;
+        first.emplace(ckpt);
+        if (takes_kind(steps_, StepKind::kCheck)) {
+          check_once(shared_,
+                     [&] { free_numbers_no_load_decides(*this, ckpt, shared_.info.free_names); });
+        }
+      }
+    }
+    // Reload 1's checkpoint is drawn once the cold load's is let go of: the
+    // protocol holds one checkpoint at a time.
+    if (once) {
+      check_once(shared_, [&] {
+        refuse_a_check_that_tests_nothing(*this, shared_.cold_loads, *first, out);
+      });
+    }
+  }
+
   void check_reload(int r) {
     shared_.cold_loads.drop_offer();  // one a reload that raised left
-    // What the checkpoint and its snapshots add to the live bytes: there
-    // while the reload is measured, not while the cold load was.
+    // What the checkpoint adds to the live bytes: there while the reload is
+    // measured, not while the cold load was. Its digest, not a copy, tells
+    // whether the reload wrote into it (Note [A digest instead of a copy]).
     const int64_t before_draw = memory_.live_bytes();
     const Checkpoint ckpt = subject_.draw_checkpoint(reload_seed(options_.seed, r));
-    std::map<std::string, Snapshot> pristine;
-    for (const auto& [n, t] : ckpt) pristine.emplace(n, Snapshot(t));
-    const Reload reload{r, ckpt, memory_.live_bytes() - before_draw};
+    CheckpointDigest pristine(ckpt);
+    Reload reload{r, ckpt, memory_.live_bytes() - before_draw, pristine.whole()};
     for (const auto& step : step_objects_) {
       if (!step->before_reload(*this, reload)) return;
     }
@@ -347,9 +378,10 @@ class ModeRun final : public ModeContext {
     for (const auto& step : step_objects_) step->after_reload(*this, reload);
     compare_declared(declared_, declared_locations(live_->named_tensors()), forward_state_, r,
                      sink_);
-    for (const auto& [n, t] : ckpt) {
-      // The loaders and post-processing must not write into the checkpoint.
-      if (!pristine.at(n).unchanged(t)) sink_.add(r, "checkpoint:" + n, "bytes changed", "", "");
+    // The loaders and post-processing must not write into the checkpoint.
+    for (const std::string& n : pristine.changed(ckpt)) {
+      sink_.add(r, "checkpoint:" + n, "bytes changed", "", "");
+      reload.checkpoint_digest.reset();  // no longer what cold loads are kept by
     }
     if (!same_bytes(x_, input_)) sink_.add(r, "input", "bytes changed", "", "");
     if (!same_bytes(canary_, canary_bytes_)) sink_.add(r, "canary", "bytes changed", "", "");
@@ -401,7 +433,8 @@ BackendReport run_subject(ReloadSubject& subject, const RunOptions& options) {
   // freed blocks]), across both modes.
   std::optional<trace::ReuseCache> reuse;
   if (options.device.is_cpu()) reuse.emplace();
-  RunShared shared{info, ColdLoadOutputs(/*keep=*/options.device.is_cpu()), {}, false, {}};
+  RunShared shared{
+      info, ColdLoadOutputs(/*keep=*/options.device.is_cpu()), AsideLayers(subject), {}, false, {}};
   for (ReloadMode mode : {ReloadMode::kNormal, ReloadMode::kDirect}) {
     report.modes.push_back(ModeRun(subject, shared, mode, options).run());
   }

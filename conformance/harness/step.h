@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,9 +45,13 @@ struct Reload {
   int index = 0;
   /// What it loads (drawn from reload_seed(seed, index)).
   const Checkpoint& checkpoint;
-  /// The live bytes the checkpoint and the protocol's snapshots of it add
-  /// while the reload is measured (none while the cold load was).
+  /// The live bytes the checkpoint adds while the reload is measured (none
+  /// while the cold load was).
   int64_t checkpoint_bytes = 0;
+  /// The checkpoint's digest as drawn (CheckpointDigest::whole in
+  /// digest.h), what the cold loads compared with it are kept by; nothing
+  /// where it has none, or once the reload wrote into it.
+  std::optional<uint64_t> checkpoint_digest;
 };
 
 /// What a step may see and do while a mode runs; the protocol's mode run
@@ -92,9 +97,13 @@ class ModeContext {
   /// builds no layer aside itself.
   virtual void compare_cold_state(const Reload& reload, const LayerState& live,
                                   const std::function<void(const LayerState& cold)>& compare) = 0;
-  /// The forward on `x` of a cold load of `ckpt` built aside (cold_forward
-  /// in layer_life.h), counted as cold_state_aside's layers are.
-  virtual at::Tensor cold_forward_aside(const Checkpoint& ckpt, const at::Tensor& x) = 0;
+  /// The forward on `x` of a cold load of `ckpt` made aside (cold_forward
+  /// in layer_life.h), counted as cold_state_aside's layers are. `built`: a
+  /// layer the subject builds, never a copy (Note [Layers made aside by
+  /// copying] proves a copy's state and output, not the ops its forward
+  /// runs), for a forward whose trace is compared with the live layer's.
+  virtual at::Tensor cold_forward_aside(const Checkpoint& ckpt, const at::Tensor& x,
+                                        bool built) = 0;
   /// Runs `run`, something of the live layer's own called `what` ("the
   /// subject's sleep and wake before it"), at reload `reload`; false when it
   /// raised, which is then the violation "reload" and ends the mode (Note [A

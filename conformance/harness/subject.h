@@ -3,7 +3,8 @@
 //
 // A subject is a layer factory. It knows what only it can know: what it is
 // (SubjectInfo, data), how to draw a checkpoint and an input, how to build a
-// new layer (new_layer), and the module caches its layers share. A layer it
+// new layer (new_layer, and copy_of_new_layer where copying one is
+// cheaper), and the module caches its layers share. A layer it
 // builds (SubjectLayer) loads a checkpoint, post-processes, runs its
 // forward and names what it holds. Everything else is the protocol's
 // (protocol.h, layer_life.h): which layers are built and when, the loads
@@ -137,7 +138,7 @@ class ReloadSubject {
 
   /// The checkpoint of `seed`: the same names and layouts for every seed,
   /// different values (on the CPU, where an mmap'd checkpoint lives).
-  /// Subjects that draw from layouts use draw_from_pools
+  /// Subjects that draw from layouts use CheckpointPools
   /// (checkpoint_pools.h), the one generator of both languages.
   virtual Checkpoint draw_checkpoint(uint64_t seed) = 0;
 
@@ -146,6 +147,14 @@ class ReloadSubject {
 
   /// A new layer on the run's device, built and not loaded.
   virtual std::shared_ptr<SubjectLayer> new_layer() = 0;
+
+  /// A layer as new_layer() builds it, made more cheaply by copying one
+  /// (a copy of a layer as built, with new memory for what every load
+  /// writes), or null (the default) where the subject has no cheaper way.
+  /// The protocol makes only the layers it loads aside this way, and only
+  /// once a copy has proven to load as a built layer does (Note [Layers
+  /// made aside by copying] in layer_life.h).
+  virtual std::shared_ptr<SubjectLayer> copy_of_new_layer() { return nullptr; }
 
   // The module caches: state kept outside the layers (a module-level dict)
   // that post-processing fills and every layer of the subject shares. The

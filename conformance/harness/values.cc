@@ -59,24 +59,6 @@ bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
   return n == 0 || std::memcmp(ca.const_data_ptr(), cb.const_data_ptr(), n) == 0;
 }
 
-Snapshot::Snapshot(const at::Tensor& t) {
-  if (plain_cpu_bytes(t)) {
-    const auto* p = static_cast<const unsigned char*>(t.const_data_ptr());
-    bytes_.assign(p, p + t.numel() * t.element_size());
-    bytes_taken_ = true;
-  } else {
-    clone_ = t.clone();
-  }
-}
-
-bool Snapshot::unchanged(const at::Tensor& t) const {
-  if (!bytes_taken_) return same_bytes(t, clone_);
-  if (!plain_cpu_bytes(t) || static_cast<size_t>(t.numel() * t.element_size()) != bytes_.size()) {
-    return false;
-  }
-  return bytes_.empty() || std::memcmp(t.const_data_ptr(), bytes_.data(), bytes_.size()) == 0;
-}
-
 std::string max_diff(const at::Tensor& a, const at::Tensor& b) {
   std::ostringstream os;
   if (a.sizes() != b.sizes()) {

@@ -1,4 +1,4 @@
-// values.h: the protocol's comparisons of values: a tensor's bytes unchanged,
+// values.h: the protocol's comparisons of values: two tensors' bytes the same,
 // and an output close to the one a cold load gives.
 //
 // Invariant: nothing here changes a tensor it is given, and a comparison of
@@ -20,21 +20,6 @@ bool plain_cpu_bytes(const at::Tensor& t);
 /// Byte for byte (NaN payloads included, which an element-wise == is not).
 /// A sparse or mkldnn tensor is compared as the dense tensor it stands for.
 bool same_bytes(const at::Tensor& a, const at::Tensor& b);
-
-/// A tensor's bytes as they are now, to tell later whether anything wrote
-/// into it: for a dense CPU tensor a plain copy of its bytes (no tensor op),
-/// else a clone.
-class Snapshot {
- public:
-  explicit Snapshot(const at::Tensor& t);
-  /// Whether `t` holds the bytes taken.
-  bool unchanged(const at::Tensor& t) const;
-
- private:
-  bool bytes_taken_ = false;
-  std::vector<unsigned char> bytes_;
-  at::Tensor clone_;
-};
 
 /// The relative and the absolute tolerance of close().
 constexpr double kCloseTolerance = 1e-5;

@@ -91,38 +91,6 @@ TEST(SameBytes, ComparesBytesShapeAndDtype) {
   }
 }
 
-TEST(Snapshot, TellsWhetherAnythingWroteIntoTheTensor) {
-  struct Case {
-    const char* name;
-    at::Tensor t;  ///< written at [0] after the snapshot when `write`
-    bool write;
-  };
-  const Case cases[] = {
-      {"plain, untouched", at::arange(4, at::kFloat), false},
-      {"plain, written", at::arange(4, at::kFloat), true},
-      {"strided (cloned), untouched", at::arange(8, at::kFloat).reshape({2, 4}).t(), false},
-      {"strided (cloned), written", at::arange(8, at::kFloat).reshape({2, 4}).t(), true},
-      {"sparse (cloned), untouched", (at::arange(8, at::kFloat) + 1).reshape({2, 4}).to_sparse(),
-       false},
-      {"sparse (cloned), written", (at::arange(8, at::kFloat) + 1).reshape({2, 4}).to_sparse(),
-       true},
-  };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.name);
-    const Snapshot snapshot(c.t);
-    if (c.write) {
-      at::Tensor first = c.t.is_sparse() ? c.t._values() : c.t;
-      while (first.dim() > 0) first = first.select(0, 0);
-      first.fill_(-1.0);
-    }
-    EXPECT_EQ(snapshot.unchanged(c.t), !c.write);
-  }
-  // Bytes taken of one tensor do not match another that is not plain.
-  const at::Tensor t = at::arange(4, at::kFloat);
-  EXPECT_FALSE(Snapshot(t).unchanged(t.reshape({2, 2}).t()));
-  EXPECT_FALSE(Snapshot(t).unchanged(t.narrow(0, 0, 3)));
-}
-
 TEST(Close, WithinTheToleranceAndNanAndInfinityInPlace) {
   struct Case {
     const char* name;

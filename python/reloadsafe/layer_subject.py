@@ -19,9 +19,11 @@ import torch
 
 from ._loader import _C
 from .errors import ReloadCheckError
+from .layer_copies import LayerAsBuilt
 from .loading import (
     Checkpoint,
     CheckpointDrawer,
+    Layouts,
     check_drawable,
     checkpoint_layouts,
     layout,
@@ -60,7 +62,7 @@ def _noting_raises(method: Callable[..., Any]) -> Callable[..., Any]:
             return method(self, *args)
         except Exception as e:
             subject = self if isinstance(self, LayerSubject) else self.subject
-            if subject.raised is None:
+            if subject.raised is None and getattr(self, "note_raises", True):
                 from .device_clean import stray  # the error's reader only
 
                 subject.raised = e
@@ -141,10 +143,17 @@ class LayerSubject(_C.ReloadSubject):
         self.own_sleep: Callable[[torch.nn.Module], None] | None = None  # sleep=function
 
         probe = self.build_layer()
-        # What two layers of the factory share is no layer's state: a host
-        # number there (vLLM's quant_config counting quantization time)
-        # changes with every layer built, the check's own included.
-        self.shared = tuple(shared_object_names(probe, self.build_layer()))
+        # The probe is the first layer the protocol asks for (the first
+        # mode's live layer): built once, not twice. Layers loaded aside are
+        # copies of it as built, where it can be kept without its
+        # parameters' bytes (Note [Layers made aside by copying]).
+        self._as_built = LayerAsBuilt.of(probe)
+        self._fresh: torch.nn.Module | None = probe
+        # What two layers of the factory share is no layer's state (vLLM's
+        # quant_config counting quantization time changes with every layer
+        # built, the check's own included): found where numbers are first
+        # asked for (_shared_names), since it takes a layer more.
+        self._shared: tuple[str, ...] | None = None
         self.kind = type(probe).__name__
         # What a step of the layer raised first, and the tensors the layer
         # then held off the check's device: for the error of a cold load the
@@ -167,7 +176,19 @@ class LayerSubject(_C.ReloadSubject):
                 f"check_reload: every parameter of {self.name} is empty, so no checkpoint can be "
                 "drawn from them: pass make_checkpoint=lambda seed: {name: tensor, ...}"
             )
-        self.first_checkpoint = self.draw_checkpoint(0)
+        # The names and layouts of seed 0's checkpoint, which every other
+        # must have (draw_checkpoint): only they are kept, and seed 0's
+        # checkpoint is drawn again where a hint needs it (the check holds
+        # one checkpoint at a time).
+        self._first_layouts: Layouts | None = None
+        if make_checkpoint is not None:
+            self._first_layouts = {k: (tuple(v.shape), v.dtype) for k, v in self.draw_checkpoint(0).items()}
+
+    @property
+    def first_checkpoint(self) -> Checkpoint:
+        """Seed 0's checkpoint, drawn anew: for hints and probes made
+        outside the protocol."""
+        return self.draw_checkpoint(0)
 
     # What the protocol asks of a subject.
     def info(self) -> Any:
@@ -198,7 +219,15 @@ class LayerSubject(_C.ReloadSubject):
 
     @_noting_raises
     def new_layer(self) -> LayerHandle:
-        return LayerHandle(self, self.build_layer())
+        layer, self._fresh = self._fresh, None
+        return LayerHandle(self, layer if layer is not None else self.build_layer())
+
+    def copy_of_new_layer(self) -> LayerHandle | None:
+        """A copy of the layer as built (LayerAsBuilt), or None where the
+        layer cannot be kept so; what it raises is not the layer's."""
+        if self._as_built is None:
+            return None
+        return LayerHandle(self, self._as_built.copy(), note_raises=False)
 
     def cache_tensors(self) -> list[Any]:
         return [_C.NamedTensor(n, t, False) for n, t in cache_tensors(self.module_caches)]
@@ -220,11 +249,19 @@ class LayerSubject(_C.ReloadSubject):
         """The host numbers ``layer`` reaches, but those of objects every
         layer of the factory shares (the protocol leaves out
         ``SubjectInfo.free_names``)."""
+        shared = self._shared_names(layer)
         return [
             _C.NamedNumber(n, float(v), isinstance(v, int))
             for n, v in named_numbers(layer)
-            if not _under(n, self.shared)
+            if not _under(n, shared)
         ]
+
+    def _shared_names(self, layer: torch.nn.Module) -> tuple[str, ...]:
+        """The names of what ``layer`` shares with a layer the factory builds
+        anew (walk.shared_object_names), found once."""
+        if self._shared is None:
+            self._shared = tuple(shared_object_names(layer, self.build_layer()))
+        return self._shared
 
     # The steps, on any layer of this subject.
     def build_layer(self) -> torch.nn.Module:
@@ -253,15 +290,15 @@ class LayerSubject(_C.ReloadSubject):
         ):
             raise ReloadCheckError("check_reload: make_checkpoint(seed) must return a dict of name -> tensor")
         ckpt = dict(ckpt)
-        first = getattr(self, "first_checkpoint", None)
+        first = self._first_layouts
         if first is not None:
             for k, v in ckpt.items():
                 f = first.get(k)
-                if f is None or f.shape != v.shape or f.dtype != v.dtype:
+                if f is None or f[0] != tuple(v.shape) or f[1] != v.dtype:
+                    was = f"{str(f[1]).replace('torch.', '')}{list(f[0])}" if f is not None else "no such tensor"
                     raise ReloadCheckError(
                         f"check_reload: make_checkpoint({seed}) gave '{k}' as {layout(v)}, but seed 0 gave "
-                        f"{layout(f) if f is not None else 'no such tensor'}: every checkpoint must have the "
-                        "same names and layouts, only different values"
+                        f"{was}: every checkpoint must have the same names and layouts, only different values"
                     )
         return ckpt
 
@@ -307,10 +344,11 @@ class LayerSubject(_C.ReloadSubject):
         load itself fails (the failure is reported already)."""
         if self._layout_notes is None:
             try:
-                layer = self.build_layer()
+                layer = self._as_built.copy() if self._as_built is not None else self.build_layer()
+                first = self.first_checkpoint
                 with torch.no_grad():
-                    self.load_fn(layer, self.first_checkpoint)
-                self._layout_notes = layout_notes(layer, self.first_checkpoint)
+                    self.load_fn(layer, first)
+                self._layout_notes = layout_notes(layer, first)
             except Exception:  # the hint is for a failure already reported; it adds no second one
                 self._layout_notes = []
         return layout_hint(self._layout_notes)
@@ -345,11 +383,14 @@ class LayerHandle(_C.SubjectLayer):
     training-mode forward (dropout) is not repeatable; a reload does not call
     ``eval()`` again, as an engine's reload does not."""
 
-    def __init__(self, subject: LayerSubject, module: torch.nn.Module) -> None:
+    def __init__(self, subject: LayerSubject, module: torch.nn.Module, note_raises: bool = True) -> None:
         _C.SubjectLayer.__init__(self)
         self.subject = subject
         self.module = module
         self.loads = 0
+        # What a step raises is noted for the subject's errors (_noting_raises),
+        # but on a copy the protocol is only trying (copy_of_new_layer).
+        self.note_raises = note_raises
 
     @_noting_raises
     def load(self, ckpt: Checkpoint) -> None:

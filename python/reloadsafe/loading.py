@@ -4,6 +4,7 @@ parameter's ``weight_loader``."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -79,9 +80,11 @@ class CheckpointDrawer:
     conformance/harness/checkpoint_pools.h), which C++ subjects draw with
     too, so the same layouts and seed give the same checkpoint in both.
 
-    Each tensor has a pool of random values (floating and complex values
-    from a normal distribution, integers from [-128, 127] clipped to the
-    dtype's range, booleans), drawn once; the checkpoint of a seed holds,
+    The tensors of one dtype draw from one pool of about a million random
+    values (floating and complex values from a normal distribution,
+    integers from [-128, 127] clipped to the dtype's range, booleans), drawn
+    once, each from a place its name fixes, wrapping around (so the pools
+    stay a few MB for a model of any size); the checkpoint of a seed holds,
     for each tensor, a window of its pool at an offset derived from the seed
     and, for floating and complex dtypes, multiplied by a scale in [0.5, 2)
     derived from the seed. So from one seed to another every element
@@ -92,14 +95,14 @@ class CheckpointDrawer:
 
     def __init__(self, layouts: Layouts) -> None:
         self.layouts = dict(layouts)
-        self._pools: dict[str, torch.Tensor] | None = None
+        self._pools: Any = None  # _C.CheckpointPools, drawn at the first call
 
     def __call__(self, seed: int) -> Checkpoint:
         if self._pools is None:
-            self._pools = _C.checkpoint_pools(
+            self._pools = _C.CheckpointPools(
                 {name: torch.empty(shape, dtype=dtype, device="meta") for name, (shape, dtype) in self.layouts.items()}
             )
-        ckpt = _C.draw_from_pools(self._pools, seed)
+        ckpt = self._pools.draw(seed)
         return {name: ckpt[name] for name in self.layouts}
 
 

@@ -101,17 +101,35 @@ class PySubject : public ReloadSubject {
   at::Tensor draw_input(uint64_t seed) override {
     PYBIND11_OVERRIDE_PURE(at::Tensor, ReloadSubject, draw_input, seed);
   }
-  // The Python layer object is held with the C++ pointer: the trampoline's
-  // overrides find their Python methods through it, so it must live as
-  // long as the protocol holds the layer (dropped under the GIL).
   std::shared_ptr<SubjectLayer> new_layer() override {
     py::gil_scoped_acquire gil;
     const py::function override =
         py::get_override(static_cast<const ReloadSubject*>(this), "new_layer");
     TORCH_CHECK(override, "the subject does not define new_layer()");
+    return held_layer(override(), "new_layer()");
+  }
+  std::shared_ptr<SubjectLayer> copy_of_new_layer() override {
+    py::gil_scoped_acquire gil;
+    const py::function override =
+        py::get_override(static_cast<const ReloadSubject*>(this), "copy_of_new_layer");
+    if (!override) return nullptr;
     py::object layer = override();
-    TORCH_CHECK(py::isinstance<SubjectLayer>(layer),
-                "the subject's new_layer() must return a reloadsafe._C.SubjectLayer, got ",
+    return layer.is_none() ? nullptr : held_layer(std::move(layer), "copy_of_new_layer()");
+  }
+  std::vector<NamedTensor> cache_tensors() override {
+    PYBIND11_OVERRIDE(std::vector<NamedTensor>, ReloadSubject, cache_tensors);
+  }
+  void empty_caches() override { PYBIND11_OVERRIDE(void, ReloadSubject, empty_caches); }
+  void restore_caches() override { PYBIND11_OVERRIDE(void, ReloadSubject, restore_caches); }
+
+ private:
+  // `layer`, what the subject's `method` returned, as the protocol holds it.
+  // The Python layer object is held with the C++ pointer: the trampoline's
+  // overrides find their Python methods through it, so it must live as
+  // long as the protocol holds the layer (dropped under the GIL).
+  static std::shared_ptr<SubjectLayer> held_layer(py::object layer, const char* method) {
+    TORCH_CHECK(py::isinstance<SubjectLayer>(layer), "the subject's ", method,
+                " must return a reloadsafe._C.SubjectLayer, got ",
                 std::string(py::str(py::type::of(layer).attr("__name__"))));
     auto* raw = layer.cast<SubjectLayer*>();
     std::shared_ptr<py::object> held(new py::object(std::move(layer)), [](py::object* o) {
@@ -120,11 +138,6 @@ class PySubject : public ReloadSubject {
     });
     return std::shared_ptr<SubjectLayer>(held, raw);
   }
-  std::vector<NamedTensor> cache_tensors() override {
-    PYBIND11_OVERRIDE(std::vector<NamedTensor>, ReloadSubject, cache_tensors);
-  }
-  void empty_caches() override { PYBIND11_OVERRIDE(void, ReloadSubject, empty_caches); }
-  void restore_caches() override { PYBIND11_OVERRIDE(void, ReloadSubject, restore_caches); }
 };
 
 // The identity the read trace gives a TorchBind object (its ivalue::Object).
@@ -364,11 +377,16 @@ void bind_protocol(py::module_& m) {
 
   // The one checkpoint generator (checkpoint_pools.h), which the Python
   // module's CheckpointDrawer draws with.
-  m.def("checkpoint_pools", &harness::checkpoint_pools, py::arg("layouts"),
-        "The pools of random values for `layouts` (name -> meta tensor with the checkpoint "
-        "layout), drawn from a fixed seed.");
-  m.def("draw_from_pools", &harness::draw_from_pools, py::arg("pools"), py::arg("seed"),
-        "The checkpoint of `seed` from `pools`: each a new tensor.");
+  py::class_<harness::CheckpointPools>(m, "CheckpointPools",
+                                       "The pools of random values a set of checkpoint "
+                                       "layouts draws from (conformance/harness/"
+                                       "checkpoint_pools.h), drawn from fixed seeds.")
+      .def(py::init<const Checkpoint&>(), py::arg("layouts"),
+           "The pools for `layouts` (name -> meta tensor with the checkpoint layout).")
+      .def("draw", &harness::CheckpointPools::draw, py::arg("seed"),
+           "The checkpoint of `seed`: each a new tensor.")
+      .def_property_readonly("nbytes", &harness::CheckpointPools::nbytes,
+                             "The bytes the pools hold.");
   m.def("run_subject", &harness::run_subject, py::arg("subject"), py::arg("options"));
   m.def("cuda_unavailable_reason", &harness::cuda_unavailable_reason,
         "Empty when this extension can run the protocol on CUDA, else why not (built without "

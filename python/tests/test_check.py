@@ -384,20 +384,22 @@ def test_raise_for_violations_carries_the_table_and_the_report():
 
 
 def test_a_forward_that_fails_mid_run_is_that_modes_error():
-    # A layer the check builds aside mid-run (a cold load to compare a reload
-    # with) whose forward raises: no reload's bug (that would be the
-    # violation "reload"), the mode's error. Counted by layers built, not by
-    # forwards, which depend on what the protocol runs before the reloads.
+    # A layer the check makes aside mid-run (a cold load to compare a reload
+    # with, built or copied) whose forward raises: no reload's bug (that
+    # would be the violation "reload"), the mode's error. Told apart by its
+    # loads, not by layers or forwards counted, which depend on what the
+    # protocol runs before the reloads: once the live layer has been
+    # reloaded, a layer loaded once raises.
     class FailsLater(sl.Transposed):
-        built = 0
+        reloaded = False
 
-        def __init__(self):
-            super().__init__()
-            FailsLater.built += 1
-            self.index = FailsLater.built
+        def process_weights_after_loading(self):
+            super().process_weights_after_loading()
+            self.loads = getattr(self, "loads", 0) + 1
+            FailsLater.reloaded = FailsLater.reloaded or self.loads > 1
 
         def forward(self, x):
-            if self.index > 6:  # two probes, the live layer, then the cold loads
+            if FailsLater.reloaded and self.loads == 1:
                 raise RuntimeError("workspace exhausted")
             return super().forward(x)
 

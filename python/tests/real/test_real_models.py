@@ -52,11 +52,11 @@ def test_a_correct_reload_of_a_whole_model_passes(case):
         # The experts' loop follows the routing, which new weights may
         # change: the protocol says so once per mode, and it is no violation.
         # Whether they do depends on the checkpoints drawn: with the
-        # protocol's generator and seed, Mixtral's and JetMoE's routing
-        # changes between reloads and Qwen2-MoE's does not, so the warning's
-        # path still runs on a real model. JetMoE sizes its experts' splits
-        # with tolist(), which no op makes (host_reads.py); with 4 experts
-        # only those sizes change, and the warning names the split.
+        # protocol's generator and the cases' seeds, Mixtral's and JetMoE's
+        # routing changes between reloads, so the warning's path still runs
+        # on a real model. JetMoE sizes its experts' splits with tolist(),
+        # which no op makes (host_reads.py); with 4 experts and its case's
+        # seed only those sizes change, and the warning names the split.
         assert all("ops follow the weights' values" in m for m in messages), report.table()
         assert messages or case.arch not in ("mixtral", "jetmoe", "jetmoe4"), report.table()
         if case.arch == "jetmoe4":
