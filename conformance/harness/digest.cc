@@ -4,20 +4,20 @@
 
 #include "conformance/harness/values.h"
 
+#include <ATen/Parallel.h>
 #include <c10/core/DispatchKey.h>
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
 namespace reloadsafe::harness {
 namespace {
 
-// One pass over the bytes in four lanes (Note [A digest instead of a copy]).
-uint64_t mix_bytes(uint64_t h, const at::Tensor& t) {
+// One pass over n bytes at p in four lanes (Note [A digest instead of a
+// copy]).
+uint64_t mix_run(uint64_t h, const unsigned char* p, size_t n) {
   constexpr uint64_t kPrime = 0x100000001B3ull;
-  const at::Tensor c = t.is_contiguous() ? t : t.contiguous();
-  const auto* p = static_cast<const unsigned char*>(c.const_data_ptr());
-  const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
   // The lanes are four locals, not an array: gcc keeps an array indexed in
   // a loop in memory, and each step then waits for a store to be read back.
   uint64_t l0 = h, l1 = h ^ 1, l2 = h ^ 2, l3 = h ^ 3;
@@ -38,6 +38,30 @@ uint64_t mix_bytes(uint64_t h, const at::Tensor& t) {
   uint64_t out = l0;
   for (const uint64_t lane : {l1, l2, l3}) out = (out ^ lane) * kPrime;
   return (out ^ static_cast<uint64_t>(n)) * kPrime;
+}
+
+// The bytes of a run longer than this are digested in runs of this length,
+// in parallel, and the runs' digests mixed in order: the same digest on any
+// number of threads.
+constexpr size_t kParallelRun = size_t{8} << 20;
+
+// `t`'s bytes mixed into h.
+uint64_t mix_bytes(uint64_t h, const at::Tensor& t) {
+  const at::Tensor c = t.is_contiguous() ? t : t.contiguous();
+  const auto* p = static_cast<const unsigned char*>(c.const_data_ptr());
+  const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
+  if (n <= kParallelRun) return mix_run(h, p, n);
+  const int64_t runs = static_cast<int64_t>((n + kParallelRun - 1) / kParallelRun);
+  std::vector<uint64_t> digests(static_cast<size_t>(runs));
+  at::parallel_for(0, runs, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      const size_t at = static_cast<size_t>(k) * kParallelRun;
+      digests[static_cast<size_t>(k)] =
+          mix_run(h ^ static_cast<uint64_t>(k), p + at, std::min(kParallelRun, n - at));
+    }
+  });
+  for (const uint64_t d : digests) h = mix(h, d);
+  return mix(h, n);
 }
 
 }  // namespace

@@ -22,8 +22,11 @@
 // (FNV-style, 64 bits: a multiply's latency is not waited for at every
 // word); each step, x -> (x ^ w) * odd, is a bijection of the lane and of
 // the word, as is each step of the fold of the lanes, so a single changed
-// word always changes the result. Names, dtypes and sizes are mixed in
-// before the bytes.
+// word always changes the result. A tensor of more than 8 MiB is digested
+// in runs of 8 MiB on the intra-op threads, the runs' digests mixed in
+// order (the same digest on any number of threads: at a real model's size a
+// digest is a pass over a whole checkpoint per reload). Names, dtypes and
+// sizes are mixed in before the bytes.
 //
 // Invariant: a digest reads the tensors it is given and writes nothing. A
 // tensor whose bytes are not plain CPU memory (another device, a Python

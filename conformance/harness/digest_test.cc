@@ -7,6 +7,7 @@
 
 #include "conformance/harness/digest.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
@@ -14,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,6 +67,27 @@ TEST(CheckpointDigest, AnyOneByteOfALongTensorIsAChange) {
     CheckpointDigest digest(ckpt);
     ckpt.at("w").select(0, byte).fill_(200);
     EXPECT_EQ(digest.changed(ckpt), std::vector<std::string>{"w"});
+  }
+}
+
+// A tensor longer than one parallel run (8 MiB): a byte changed in any run
+// is a change; the digest is the same on one thread as on two.
+TEST(CheckpointDigest, ALongTensorIsDigestedInRunsTheSameOnAnyThreads) {
+  const int64_t n = (int64_t{8} << 20) * 2 + 77;
+  const Checkpoint ckpt{{"w", at::arange(n, at::kByte)}};
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const std::optional<uint64_t> one = CheckpointDigest(ckpt).whole();
+  at::set_num_threads(2);
+  CheckpointDigest digest(ckpt);
+  at::set_num_threads(threads);
+  ASSERT_TRUE(one.has_value());
+  EXPECT_EQ(digest.whole(), one);
+  for (int64_t byte : {int64_t{0}, (int64_t{8} << 20) + 5, n - 1}) {
+    SCOPED_TRACE(byte);
+    CheckpointDigest before(ckpt);
+    ckpt.at("w").select(0, byte).add_(1);
+    EXPECT_EQ(before.changed(ckpt), std::vector<std::string>{"w"});
   }
 }
 

@@ -82,9 +82,15 @@ std::shared_ptr<SubjectLayer> cold_loaded(ReloadSubject& subject, const Checkpoi
   return loaded(std::move(layer), ckpt, loads);
 }
 
-std::shared_ptr<SubjectLayer> AsideLayers::new_layer(bool built) {
-  if (state_ == State::kProven && !built) {
-    std::shared_ptr<SubjectLayer> copy = subject_.copy_of_new_layer();
+std::shared_ptr<SubjectLayer> cold_loaded(std::shared_ptr<SubjectLayer> layer,
+                                          const Checkpoint& ckpt) {
+  return loaded(std::move(layer), ckpt, 1);
+}
+
+std::shared_ptr<SubjectLayer> AsideLayers::copy(const Checkpoint* ckpt) {
+  if (state_ == State::kProven) {
+    std::shared_ptr<SubjectLayer> copy =
+        subject_.copy_of_new_layer(on_checkpoint_ == State::kProven ? ckpt : nullptr);
     if (copy != nullptr) return copy;
   }
   std::shared_ptr<SubjectLayer> layer = subject_.new_layer();
@@ -92,14 +98,29 @@ std::shared_ptr<SubjectLayer> AsideLayers::new_layer(bool built) {
   return layer;
 }
 
+std::shared_ptr<SubjectLayer> AsideLayers::new_layer(const Checkpoint& ckpt, bool built) {
+  if (built) {
+    std::shared_ptr<SubjectLayer> layer = subject_.new_layer();
+    TORCH_CHECK(layer != nullptr, "the subject's new_layer() returned no layer");
+    return layer;
+  }
+  return copy(&ckpt);
+}
+
+std::shared_ptr<SubjectLayer> AsideLayers::new_copy() {
+  return copy(nullptr);
+}
+
 std::optional<at::Tensor> AsideLayers::try_copy(SubjectLayer& live, const Checkpoint& ckpt,
                                                 const at::Tensor& x, const SubjectInfo& info,
-                                                bool numbers) {
+                                                bool numbers, bool on_checkpoint) {
   if (state_ != State::kUntried) return std::nullopt;
   state_ = State::kRefused;  // unless the copy holds what the live layer holds
+  on_checkpoint_ = on_checkpoint ? State::kTried : State::kRefused;
   try {
     const LayerState built = layer_state(live, subject_.cache_tensors(), info, numbers);
-    std::shared_ptr<SubjectLayer> copy = subject_.copy_of_new_layer();
+    std::shared_ptr<SubjectLayer> copy =
+        subject_.copy_of_new_layer(on_checkpoint ? &ckpt : nullptr);
     if (copy == nullptr) return std::nullopt;
     CachesEmptied caches(subject_);
     copy = loaded(std::move(copy), ckpt, 1);
@@ -119,8 +140,12 @@ std::optional<at::Tensor> AsideLayers::try_copy(SubjectLayer& live, const Checkp
   }
 }
 
-void AsideLayers::settle(bool same_output) {
-  if (state_ == State::kTried) state_ = same_output ? State::kProven : State::kRefused;
+void AsideLayers::settle(bool same_output, bool checkpoint_unchanged) {
+  if (state_ != State::kTried) return;
+  state_ = same_output ? State::kProven : State::kRefused;
+  if (on_checkpoint_ == State::kTried) {
+    on_checkpoint_ = same_output && checkpoint_unchanged ? State::kProven : State::kRefused;
+  }
 }
 
 std::vector<NamedNumber> checked_numbers(SubjectLayer& layer, const SubjectInfo& info) {
@@ -149,7 +174,7 @@ LayerState layer_state(SubjectLayer& layer, std::vector<NamedTensor> caches,
 at::Tensor cold_forward(AsideLayers& aside, const Checkpoint& ckpt, const at::Tensor& x,
                         bool built) {
   CachesEmptied caches(aside.subject());
-  std::shared_ptr<SubjectLayer> layer = loaded(aside.new_layer(built), ckpt, 1);
+  std::shared_ptr<SubjectLayer> layer = loaded(aside.new_layer(ckpt, built), ckpt, 1);
   at::Tensor out = layer->forward(x);
   layer.reset();
   caches.restore();
@@ -159,7 +184,7 @@ at::Tensor cold_forward(AsideLayers& aside, const Checkpoint& ckpt, const at::Te
 LayerState cold_state(AsideLayers& aside, const SubjectInfo& info, const Checkpoint& ckpt,
                       int loads, const at::Tensor& forward_input) {
   CachesEmptied caches(aside.subject());
-  std::shared_ptr<SubjectLayer> layer = loaded(aside.new_layer(), ckpt, loads);
+  std::shared_ptr<SubjectLayer> layer = loaded(aside.new_layer(ckpt), ckpt, loads);
   if (forward_input.defined()) layer->forward(forward_input);
   LayerState state = layer_state(*layer, aside.subject().cache_tensors(), info);
   caches.restore();
@@ -170,7 +195,7 @@ std::optional<at::Tensor> cold_state_then_forward(
     AsideLayers& aside, const SubjectInfo& info, const Checkpoint& ckpt,
     const std::function<void(const LayerState&)>& with_state, const at::Tensor& x) {
   CachesEmptied caches(aside.subject());
-  std::shared_ptr<SubjectLayer> layer = loaded(aside.new_layer(), ckpt, 1);
+  std::shared_ptr<SubjectLayer> layer = loaded(aside.new_layer(ckpt), ckpt, 1);
   with_state(layer_state(*layer, aside.subject().cache_tensors(), info));
   std::optional<at::Tensor> out;
   if (x.defined()) {

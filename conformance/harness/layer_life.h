@@ -30,8 +30,28 @@
 // must give the live layer's first output (within close()). From then on
 // every layer the run makes aside is a copy. A copy that differs, or
 // raises, ends copies for the run: every later layer is built, as before.
-// The live layers are always built: a copy is proven to load as a built
-// layer does, not to reload as one does.
+// The first mode's live layer is always built: a copy is proven to load as
+// a built layer does, not to reload as one does. Where the subject claims
+// both modes, the second mode's live layer is a copy (Note [The second
+// mode's live layer] in protocol.cc).
+//
+// Note [A copy on its checkpoint]
+// A copy made for a cold load of a checkpoint may be made on the
+// checkpoint's own tensors: each parameter the checkpoint holds under its
+// name in its very layout is that tensor, so the copy takes no memory for
+// it, and a load that copies each tensor into the parameter of its name
+// writes it onto itself. A whole model checked this way holds the live
+// layer and the checkpoint, as the user's loop does, and little more. It is
+// a cold load only where the load, the post-processing and the forward
+// leave those tensors as they were: the proof's copy is made on its
+// checkpoint, and the protocol checks the checkpoint's digest after it
+// (settle): where it changed (a loader that transforms the tensor, a
+// post-processing that writes into the parameter in place) copies are
+// never made on a checkpoint again, and cost a layer's memory each; that
+// proof's copy held what a cold load holds all the same (it was compared).
+// The checkpoint is the proof's last use of it where the run compares no
+// host numbers (a later use would read what the copy wrote); where it does,
+// no copy is made on a checkpoint.
 #pragma once
 
 #include "conformance/harness/layer_state.h"
@@ -74,37 +94,58 @@ class AsideLayers {
 
   ReloadSubject& subject() { return subject_; }
 
-  /// A new layer for a cold load made aside, not loaded: a copy where
-  /// copies are proven, unless `built` asks for one the subject builds.
-  std::shared_ptr<SubjectLayer> new_layer(bool built = false);
+  /// A new layer for a cold load of `ckpt` made aside, not loaded: a copy
+  /// where copies are proven (on `ckpt`'s tensors where that is proven too:
+  /// Note [A copy on its checkpoint]), unless `built` asks for one the
+  /// subject builds.
+  std::shared_ptr<SubjectLayer> new_layer(const Checkpoint& ckpt, bool built = false);
+
+  /// A copy on no checkpoint (a live layer), where copies are proven; else
+  /// one the subject builds.
+  std::shared_ptr<SubjectLayer> new_copy();
 
   /// Whether copies are still to be tried (by the first mode's cold load).
   bool untried() const { return state_ == State::kUntried; }
+  /// Whether a copy has proven to load as a built layer does.
+  bool proven() const { return state_ == State::kProven; }
 
   /// Tries a copy against `live`, a built layer right after its cold load
   /// of `ckpt`, before any forward: a copy loaded aside with `ckpt` (the
-  /// caches emptied for it) must hold `live`'s state (host numbers too where
-  /// `numbers`). Returns the copy's forward on `x`, for settle(); nothing
-  /// (and copies refused) where the subject makes none, or the copy differs
-  /// or raises. Only while untried().
+  /// caches emptied for it; made on `ckpt`'s tensors where `on_checkpoint`)
+  /// must hold `live`'s state (host numbers too where `numbers`). Returns
+  /// the copy's forward on `x`, for settle(); nothing (and copies refused)
+  /// where the subject makes none, or the copy differs or raises. Only
+  /// while untried().
   std::optional<at::Tensor> try_copy(SubjectLayer& live, const Checkpoint& ckpt,
-                                     const at::Tensor& x, const SubjectInfo& info, bool numbers);
+                                     const at::Tensor& x, const SubjectInfo& info, bool numbers,
+                                     bool on_checkpoint);
 
   /// After try_copy() returned an output: copies are proven when
   /// `same_output` (that output is close to the live layer's first
-  /// forward on the same input), else refused.
-  void settle(bool same_output);
+  /// forward on the same input), else refused; copies on a checkpoint are
+  /// proven where the tried copy was one and `checkpoint_unchanged` (the
+  /// checkpoint's bytes are as before the try).
+  void settle(bool same_output, bool checkpoint_unchanged);
+
+  /// Whether copies are made on their checkpoint's tensors.
+  bool on_checkpoint() const { return on_checkpoint_ == State::kProven; }
 
  private:
   enum class State { kUntried, kTried, kProven, kRefused };
+  // A copy, made on `ckpt` where copies on a checkpoint are `on`.
+  std::shared_ptr<SubjectLayer> copy(const Checkpoint* ckpt);
   ReloadSubject& subject_;
   State state_ = State::kUntried;
+  State on_checkpoint_ = State::kUntried;
 };
 
 /// A new layer of `subject` with `ckpt` loaded and post-processed `loads`
 /// times (1, or 2 to tell a post-processing that is not idempotent).
 std::shared_ptr<SubjectLayer> cold_loaded(ReloadSubject& subject, const Checkpoint& ckpt,
                                           int loads = 1);
+/// `layer`, new and not loaded, with `ckpt` loaded and post-processed once.
+std::shared_ptr<SubjectLayer> cold_loaded(std::shared_ptr<SubjectLayer> layer,
+                                          const Checkpoint& ckpt);
 
 /// What `layer` holds: its named tensors (declared or not), then `caches`
 /// (the module caches' tensors), then its host numbers unless `numbers` is

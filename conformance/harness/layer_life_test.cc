@@ -68,7 +68,7 @@ class Subject : public ReloadSubject {
     return layer;
   }
   // A copy of a layer as built, as `copies` says (CopyKind).
-  std::shared_ptr<SubjectLayer> copy_of_new_layer() override;
+  std::shared_ptr<SubjectLayer> copy_of_new_layer(const Checkpoint* on) override;
   std::vector<NamedTensor> cache_tensors() override { return cache.entries; }
   void empty_caches() override {
     stashed.push_back(cache);
@@ -83,6 +83,7 @@ class Subject : public ReloadSubject {
   std::vector<Cache> stashed;
   std::vector<std::shared_ptr<Layer>> built;
   int copies_made = 0;
+  int copies_on_a_checkpoint = 0;
   bool fail_load = false;
   bool fail_forward = false;
   // What copy_of_new_layer() gives.
@@ -123,9 +124,10 @@ class CopyLayer : public Layer {
   Subject::CopyKind kind_;
 };
 
-std::shared_ptr<SubjectLayer> Subject::copy_of_new_layer() {
+std::shared_ptr<SubjectLayer> Subject::copy_of_new_layer(const Checkpoint* on) {
   if (copies == CopyKind::kNone) return nullptr;
   ++copies_made;
+  if (on != nullptr) ++copies_on_a_checkpoint;
   return std::make_shared<CopyLayer>(*this, copies);
 }
 
@@ -262,26 +264,36 @@ TEST(LayerLife, AStateLeavesOutTheNamesTheSubjectSaysAreFree) {
 // Note [Layers made aside by copying]: the layers made aside are copies only
 // once one, loaded with the live layer's checkpoint, held the live layer's
 // state (its numbers too, where asked) and gave its forward's output; any
-// other copy, or none, leaves them built. The caches are emptied for the
-// copy tried and put back, and the live layer is left alone.
+// other copy, or none, leaves them built. Note [A copy on its checkpoint]:
+// copies are made on their checkpoint only where the tried one was and left
+// the checkpoint as it was. The caches are emptied for the copy tried and
+// put back, and the live layer is left alone.
 TEST(LayerLife, LayersMadeAsideAreCopiesOnceOneLoadsAsABuiltLayerDoes) {
   using Kind = Subject::CopyKind;
   struct Row {
     const char* name;
     Kind copies;
-    bool numbers;      // the run compares host numbers
-    bool tried;        // try_copy() returned a forward
-    bool copies_used;  // what the layers made aside then are
+    bool numbers;        // the run compares host numbers
+    bool on_checkpoint;  // the copy tried is made on its checkpoint
+    bool unchanged;      // and left it as it was
+    bool tried;          // try_copy() returned a forward
+    bool copies_used;    // what the layers made aside then are
+    bool on_used;        // and whether they are made on their checkpoint
   };
   const Row rows[] = {
-      {"no copies", Kind::kNone, false, false, false},
-      {"a faithful copy", Kind::kFaithful, false, true, true},
-      {"a faithful copy, numbers compared", Kind::kFaithful, true, true, true},
-      {"a copy that loads another value", Kind::kLoadsOther, false, false, false},
-      {"a copy whose forward differs", Kind::kRunsOther, false, true, false},
-      {"another number, numbers compared", Kind::kOtherNumber, true, false, false},
-      {"another number, numbers not compared", Kind::kOtherNumber, false, true, true},
-      {"a copy that raises", Kind::kRaises, false, false, false},
+      {"no copies", Kind::kNone, false, true, true, false, false, false},
+      {"a faithful copy", Kind::kFaithful, false, false, true, true, true, false},
+      {"a faithful copy on its checkpoint", Kind::kFaithful, false, true, true, true, true, true},
+      {"on a checkpoint it changed", Kind::kFaithful, false, true, false, true, true, false},
+      {"a faithful copy, numbers compared", Kind::kFaithful, true, false, true, true, true, false},
+      {"a copy that loads another value", Kind::kLoadsOther, false, true, true, false, false,
+       false},
+      {"a copy whose forward differs", Kind::kRunsOther, false, true, true, true, false, false},
+      {"another number, numbers compared", Kind::kOtherNumber, true, false, true, false, false,
+       false},
+      {"another number, numbers not compared", Kind::kOtherNumber, false, false, true, true, true,
+       false},
+      {"a copy that raises", Kind::kRaises, false, true, true, false, false, false},
   };
   for (const Row& row : rows) {
     SCOPED_TRACE(row.name);
@@ -295,28 +307,38 @@ TEST(LayerLife, LayersMadeAsideAreCopiesOnceOneLoadsAsABuiltLayerDoes) {
     AsideLayers aside(subject);
     ASSERT_TRUE(aside.untried());
     const std::optional<at::Tensor> copied =
-        aside.try_copy(*live, ckpt, x, SubjectInfo{}, row.numbers);
+        aside.try_copy(*live, ckpt, x, SubjectInfo{}, row.numbers, row.on_checkpoint);
     EXPECT_FALSE(aside.untried());
     EXPECT_EQ(copied.has_value(), row.tried);
+    EXPECT_EQ(subject.copies_on_a_checkpoint, row.copies != Kind::kNone && row.on_checkpoint);
     // The caches hold what the live layer's cold load put there; the live
     // layer was not run.
     ASSERT_EQ(subject.cache.entries.size(), 1u);
     EXPECT_EQ(subject.stashed.size(), 1u);
     EXPECT_EQ(subject.built.at(0)->forwards, 0);
     const at::Tensor out = live->forward(x);
-    aside.settle(copied && at::equal(*copied, out));
+    aside.settle(copied && at::equal(*copied, out), row.unchanged);
+    EXPECT_EQ(aside.proven(), row.copies_used);
+    EXPECT_EQ(aside.on_checkpoint(), row.on_used);
     const int built = static_cast<int>(subject.built.size());
     const int made = subject.copies_made;
+    const int on = subject.copies_on_a_checkpoint;
     const at::Tensor y = cold_forward(aside, subject.draw_checkpoint(6), x);
     EXPECT_TRUE(at::equal(y, at::full({4}, 12.0)));
     EXPECT_EQ(subject.copies_made - made, row.copies_used ? 1 : 0);
+    EXPECT_EQ(subject.copies_on_a_checkpoint - on, row.on_used ? 1 : 0);
     EXPECT_EQ(static_cast<int>(subject.built.size()) - built, row.copies_used ? 0 : 1);
+    // A live layer is never made on a checkpoint.
+    const int on_before_live = subject.copies_on_a_checkpoint;
+    aside.new_copy();
+    EXPECT_EQ(subject.copies_on_a_checkpoint, on_before_live);
     // A forward whose calls are compared asks for a built layer, copies or not.
     const int copies_before = subject.copies_made;
     cold_forward(aside, subject.draw_checkpoint(6), x, /*built=*/true);
     EXPECT_EQ(subject.copies_made, copies_before);
     // A second try changes nothing.
-    EXPECT_FALSE(aside.try_copy(*live, ckpt, x, SubjectInfo{}, row.numbers).has_value());
+    EXPECT_FALSE(
+        aside.try_copy(*live, ckpt, x, SubjectInfo{}, row.numbers, row.on_checkpoint).has_value());
   }
 }
 

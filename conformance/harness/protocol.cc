@@ -83,6 +83,13 @@ void compare_declared(const Locations& before, const Locations& after,
   }
 }
 
+// The bytes `ckpt`'s tensors take.
+size_t checkpoint_bytes(const Checkpoint& ckpt) {
+  size_t bytes = 0;
+  for (const auto& [name, t] : ckpt) bytes += static_cast<size_t>(t.numel()) * t.element_size();
+  return bytes;
+}
+
 // The forward's input of a run, on the run's device.
 at::Tensor draw_run_input(ReloadSubject& subject, const RunOptions& options) {
   return subject.draw_input(input_seed(options.seed)).to(options.device);
@@ -143,11 +150,13 @@ void add_reload_raised(ViolationSink& sink, int r, const std::string& what,
 // start and never handed to the subject: each mode hands the forward a copy
 // and keeps this one to tell whether the forward wrote its input), the
 // cold-load outputs kept for the next mode, where the layers made aside come
-// from, and whether the run's one-time checks ran and what they refused.
+// from, the blocks kept for reuse, and whether the run's one-time checks ran
+// and what they refused.
 struct RunShared {
   SubjectInfo info;
   ColdLoadOutputs cold_loads;
   AsideLayers aside;
+  trace::ReuseCache* reuse;  // on the CPU: the freed blocks kept for reuse
   at::Tensor input;
   bool checked_once = false;
   std::string refused;  // what the one-time checks refused, if anything
@@ -303,24 +312,46 @@ class ModeRun final : public ModeContext {
     {
       const Checkpoint ckpt = in_stage("drawing the cold load's checkpoint (" + seeds + ")",
                                        [&] { return subject_.draw_checkpoint(options_.seed); });
-      live_ = in_stage("the cold load's load or post-processing (" + seeds + ")",
-                       [&] { return cold_loaded(subject_, ckpt); });
+      // Between two reloads a checkpoint and a layer made aside are freed,
+      // and the next reload makes both again (Note [Reusing freed blocks]).
+      if (shared_.reuse != nullptr) shared_.reuse->raise_limit(2 * checkpoint_bytes(ckpt));
+      // Note [The second mode's live layer]
+      // The first mode's live layer is one the subject builds. The second's
+      // is a copy of a layer as built where a copy has proven to load as a
+      // built layer does (Note [Layers made aside by copying]) and the
+      // subject claims both modes: for a real model building a layer is
+      // the most a check costs beyond the reloads (initialising weights the
+      // load overwrites), and the first mode has reloaded a built layer
+      // already. What a copy cannot stand for (a layer the factory
+      // registered by identity) is the first mode's to find. A subject that
+      // claims one mode has a built layer in each.
+      const bool copy = !once && shared_.aside.proven() && info_.modes.size() == 2;
+      live_ = in_stage("the cold load's load or post-processing (" + seeds + ")", [&] {
+        return copy ? cold_loaded(shared_.aside.new_copy(), ckpt) : cold_loaded(subject_, ckpt);
+      });
       for (const auto& step : step_objects_) step->cold_loaded(*this);
+      if (once) first.emplace(ckpt);  // before a copy may be made on it
+      // Note [Layers made aside by copying]: the first cold load tries a
+      // copy, on the checkpoint's tensors where nothing reads the checkpoint
+      // after it (Note [A copy on its checkpoint]: the host numbers' check
+      // does).
+      const bool numbers = takes_kind(steps_, StepKind::kCheck);
       std::optional<at::Tensor> copied;
-      if (shared_.aside.untried()) {
+      if (shared_.aside.untried() && first) {
         copied = memory_.aside([&] {
-          return shared_.aside.try_copy(*live_, ckpt, input_.clone(), info_,
-                                        takes_kind(steps_, StepKind::kCheck));
+          return shared_.aside.try_copy(*live_, ckpt, input_.clone(), info_, numbers,
+                                        /*on_checkpoint=*/!numbers);
         });
       }
       out = in_stage("the cold load's forward (" + seeds + ")", [&] {
         return warm_up(*live_, x_, options_.trace && info_.warm_up_under_trace);
       });
-      if (copied) shared_.aside.settle(close(*copied, out));
+      if (copied) {
+        shared_.aside.settle(close(*copied, out), first->changed(ckpt).empty());
+      }
       if (once) {
         shared_.checked_once = true;
-        first.emplace(ckpt);
-        if (takes_kind(steps_, StepKind::kCheck)) {
+        if (numbers) {
           check_once(shared_,
                      [&] { free_numbers_no_load_decides(*this, ckpt, shared_.info.free_names); });
         }
@@ -433,8 +464,13 @@ BackendReport run_subject(ReloadSubject& subject, const RunOptions& options) {
   // freed blocks]), across both modes.
   std::optional<trace::ReuseCache> reuse;
   if (options.device.is_cpu()) reuse.emplace();
-  RunShared shared{
-      info, ColdLoadOutputs(/*keep=*/options.device.is_cpu()), AsideLayers(subject), {}, false, {}};
+  RunShared shared{info,
+                   ColdLoadOutputs(/*keep=*/options.device.is_cpu()),
+                   AsideLayers(subject),
+                   reuse ? &*reuse : nullptr,
+                   {},
+                   false,
+                   {}};
   for (ReloadMode mode : {ReloadMode::kNormal, ReloadMode::kDirect}) {
     report.modes.push_back(ModeRun(subject, shared, mode, options).run());
   }

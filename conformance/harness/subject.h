@@ -151,10 +151,14 @@ class ReloadSubject {
   /// A layer as new_layer() builds it, made more cheaply by copying one
   /// (a copy of a layer as built, with new memory for what every load
   /// writes), or null (the default) where the subject has no cheaper way.
-  /// The protocol makes only the layers it loads aside this way, and only
-  /// once a copy has proven to load as a built layer does (Note [Layers
-  /// made aside by copying] in layer_life.h).
-  virtual std::shared_ptr<SubjectLayer> copy_of_new_layer() { return nullptr; }
+  /// Where `on` is given, each parameter `on` holds under the parameter's
+  /// name in its very layout (dtype, sizes, strides, device) is that tensor
+  /// (Note [A copy on its checkpoint] in layer_life.h). The protocol makes
+  /// such copies only once a copy has proven to load as a built layer does
+  /// (Note [Layers made aside by copying]).
+  virtual std::shared_ptr<SubjectLayer> copy_of_new_layer(const Checkpoint* /*on*/) {
+    return nullptr;
+  }
 
   // The module caches: state kept outside the layers (a module-level dict)
   // that post-processing fills and every layer of the subject shares. The

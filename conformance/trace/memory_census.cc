@@ -438,6 +438,17 @@ ReuseCache::~ReuseCache() {
   for (const FreedBlock& b : CountingCpuAllocator::instance().close_reuse()) b.deleter(b.data);
 }
 
+void ReuseCache::raise_limit(size_t max_bytes) {
+  CountingCpuAllocator::instance().with_reuse([&](ReuseState* c) {
+    if (c != nullptr) c->max_bytes = std::max(c->max_bytes, max_bytes);
+  });
+}
+
+size_t ReuseCache::limit() const {
+  return CountingCpuAllocator::instance().with_reuse(
+      [](ReuseState* c) { return c ? c->max_bytes : size_t{0}; });
+}
+
 size_t ReuseCache::held_bytes() const {
   return CountingCpuAllocator::instance().with_reuse(
       [](ReuseState* c) { return c ? c->bytes : size_t{0}; });

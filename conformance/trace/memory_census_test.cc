@@ -253,6 +253,21 @@ TEST(ReuseCache, TakesWhatTheQuarantineLetsGoAndKeepsItsLimit) {
   EXPECT_EQ(cache.held_bytes(), size_t{3} * kMiB) << "larger than the whole cache: freed at once";
 }
 
+TEST(ReuseCache, ALimitRaisedKeepsMoreAndIsNeverLowered) {
+  CpuCensusScope census;
+  ReuseCache cache(/*max_bytes=*/2 * kMiB);
+  cache.raise_limit(kMiB);
+  EXPECT_EQ(cache.limit(), size_t{2} * kMiB) << "never lowered";
+  { const at::Tensor t = at::empty({4 * kMiB}, at::kByte); }
+  EXPECT_EQ(cache.held_bytes(), 0u) << "larger than the limit: freed at once";
+  cache.raise_limit(6 * kMiB);
+  EXPECT_EQ(cache.limit(), size_t{6} * kMiB);
+  { const at::Tensor t = at::empty({4 * kMiB}, at::kByte); }
+  EXPECT_EQ(cache.held_bytes(), size_t{4} * kMiB) << "within the raised limit: kept";
+  const at::Tensor again = at::empty({4 * kMiB}, at::kByte);
+  EXPECT_EQ(cache.reused_blocks(), 1u);
+}
+
 TEST(ReuseCache, OneAtATime) {
   CpuCensusScope census;
   ReuseCache first;

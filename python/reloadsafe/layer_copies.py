@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -39,15 +39,15 @@ class LayerAsBuilt:
     layer it cannot keep this way."""
 
     def __init__(self, layer: torch.nn.Module) -> None:
-        devices: dict[int, torch.device] = {}
-
         def meta_twin(p: torch.Tensor) -> torch.Tensor:
             return torch.empty_strided(p.shape, p.stride(), dtype=p.dtype, device="meta")
 
         self._template, twins = _copy_replacing_parameters(layer, meta_twin)
-        for original, twin in twins:
-            devices[id(twin)] = original.device
-        self._devices = devices
+        self._devices = {id(twin): original.device for original, twin in twins}
+        # Every name each parameter of the template has (a tied one, several).
+        self._names: dict[int, list[str]] = {}
+        for name, p in self._template.named_parameters(remove_duplicate=False):
+            self._names.setdefault(id(p), []).append(name)
 
     @classmethod
     def of(cls, layer: torch.nn.Module) -> LayerAsBuilt | None:
@@ -66,13 +66,20 @@ class LayerAsBuilt:
         except Exception:  # noqa: BLE001 - a layer that cannot be copied is built instead
             return None
 
-    def copy(self) -> torch.nn.Module:
+    def copy(self, on: Mapping[str, torch.Tensor] | None = None) -> torch.nn.Module:
         """A new layer as the factory would build it, but that every
-        parameter's bytes are 0xFF (a load writes them) on its device."""
-        devices = self._devices
+        parameter's bytes are 0xFF (a load writes them) on its device; or,
+        for a parameter that ``on`` holds under one of its names in its very
+        layout (dtype, shape, strides, device), that tensor of ``on`` (Note
+        [A copy on its checkpoint])."""
+        devices, names = self._devices, self._names
 
         def fresh(twin: torch.Tensor) -> torch.Tensor:
             device = devices.get(id(twin), twin.device)
+            for name in names.get(id(twin), ()) if on is not None else ():
+                t = on.get(name)  # type: ignore[union-attr]
+                if t is not None and _same_layout(t, twin, device):
+                    return t
             t = torch.empty_strided(twin.shape, twin.stride(), dtype=twin.dtype, device=device)
             if not t.is_meta:
                 t.untyped_storage().fill_(_UNWRITTEN)
@@ -80,6 +87,14 @@ class LayerAsBuilt:
 
         layer, _ = _copy_replacing_parameters(self._template, fresh)
         return layer
+
+
+def _same_layout(t: torch.Tensor, twin: torch.Tensor, device: torch.device) -> bool:
+    """Whether ``t`` is a plain tensor laid out as the parameter ``twin``
+    stands for, on ``device``, from the start of its storage."""
+    return (type(t) is torch.Tensor and t.layout == torch.strided and t.device == device
+            and t.dtype == twin.dtype and t.shape == twin.shape and t.stride() == twin.stride()
+            and t.storage_offset() == 0)
 
 
 def _compiled(layer: torch.nn.Module) -> bool:

@@ -12,6 +12,7 @@ import functools
 import gc
 import numbers
 import sys
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeAlias
 
@@ -148,6 +149,8 @@ class LayerSubject(_C.ReloadSubject):
         # copies of it as built, where it can be kept without its
         # parameters' bytes (Note [Layers made aside by copying]).
         self._as_built = LayerAsBuilt.of(probe)
+        self._last_on_checkpoint: weakref.ref[torch.nn.Module] | None = None
+        self._copies_outlive = False  # copy_of_new_layer
         self._fresh: torch.nn.Module | None = probe
         # What two layers of the factory share is no layer's state (vLLM's
         # quant_config counting quantization time changes with every layer
@@ -222,12 +225,26 @@ class LayerSubject(_C.ReloadSubject):
         layer, self._fresh = self._fresh, None
         return LayerHandle(self, layer if layer is not None else self.build_layer())
 
-    def copy_of_new_layer(self) -> LayerHandle | None:
-        """A copy of the layer as built (LayerAsBuilt), or None where the
-        layer cannot be kept so; what it raises is not the layer's."""
+    def copy_of_new_layer(self, on: Checkpoint | None) -> LayerHandle | None:
+        """A copy of the layer as built (LayerAsBuilt), made on ``on``'s
+        tensors where given, or None where the layer cannot be kept so; what
+        it raises is not the layer's.
+
+        A copy on a checkpoint is made only while none outlives its use: a
+        factory or library that keeps every layer it loaded (a registry)
+        would keep each one's checkpoint too, which the memory census would
+        take for the reload's growth (the checkpoint was drawn for the
+        reload). Once the last one is still alive (after a collection) when
+        the next is asked for, every later copy has memory of its own."""
         if self._as_built is None:
             return None
-        return LayerHandle(self, self._as_built.copy(), note_raises=False)
+        if on is not None and (self._copies_outlive or _alive(self._last_on_checkpoint)):
+            self._copies_outlive = True
+            on = None
+        module = self._as_built.copy(on)
+        if on is not None:
+            self._last_on_checkpoint = weakref.ref(module)
+        return LayerHandle(self, module, note_raises=False)
 
     def cache_tensors(self) -> list[Any]:
         return [_C.NamedTensor(n, t, False) for n, t in cache_tensors(self.module_caches)]
@@ -437,6 +454,15 @@ class LayerHandle(_C.SubjectLayer):
         with torch.no_grad():
             own(self.module)
         return True
+
+
+def _alive(ref: weakref.ref[torch.nn.Module] | None) -> bool:
+    """Whether what ``ref`` refers to is alive, after a collection if it
+    seems to be (a module in a reference cycle is freed only by one)."""
+    if ref is None or ref() is None:
+        return False
+    gc.collect()
+    return ref() is not None
 
 
 def _under(name: str, prefixes: Sequence[str]) -> bool:

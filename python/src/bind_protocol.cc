@@ -108,12 +108,12 @@ class PySubject : public ReloadSubject {
     TORCH_CHECK(override, "the subject does not define new_layer()");
     return held_layer(override(), "new_layer()");
   }
-  std::shared_ptr<SubjectLayer> copy_of_new_layer() override {
+  std::shared_ptr<SubjectLayer> copy_of_new_layer(const Checkpoint* on) override {
     py::gil_scoped_acquire gil;
     const py::function override =
         py::get_override(static_cast<const ReloadSubject*>(this), "copy_of_new_layer");
     if (!override) return nullptr;
-    py::object layer = override();
+    py::object layer = on != nullptr ? override(*on) : override(py::none());
     return layer.is_none() ? nullptr : held_layer(std::move(layer), "copy_of_new_layer()");
   }
   std::vector<NamedTensor> cache_tensors() override {
