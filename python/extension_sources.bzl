@@ -111,6 +111,7 @@ EXTENSION_HEADERS = [
     "conformance/harness/forward_capture.h",
     "conformance/harness/forward_checks.h",
     "conformance/harness/internal/all_close.h",
+    "conformance/harness/internal/parallel_items.h",
     "conformance/harness/layer_life.h",
     "conformance/harness/layer_state.h",
     "conformance/harness/mode_memory.h",

@@ -19,8 +19,10 @@
 #   1. tests: utilities, golden conformance cases, hostile inputs, fuzz properties,
 #      the Python package (pytest); against the default torch (2.11) and the
 #      newest supported (2.15, --config=torch2.15); the report says which
-#      torch versions were tested; and vLLM 0.33's own layers in vLLM's own
-#      environment (its torch 2.14; tools/vllm_check.sh makes it once, 9.5 GB)
+#      torch versions were tested; vLLM 0.33's own layers in vLLM's own
+#      environment (its torch 2.14; tools/vllm_check.sh makes it once, 9.5 GB);
+#      and a whole model at real size (0.55 B parameters), correct and with
+#      planted bugs, within the memory of the user's own loop
 #   2. the reload harness over every registered backend (normal and direct reload)
 #   3. the GPU tests (or why they were skipped)
 #   4. the benchmarks against their limits (copies, replace_parameter; the
@@ -58,6 +60,10 @@ testlogs_newest="$(bazel info --config=torch$newest bazel-testlogs 2>/dev/null)"
 tools/pytest.sh --torch $newest "$out/python-torch$newest.xml" || status=1
 # vLLM 0.33's own layers, in vLLM's environment (torch 2.14), reloadsafe built into it.
 tools/vllm_check.sh "$out/python-vllm.xml" || status=1
+# A whole model at real size (a Llama of 0.55 B parameters): correct and with
+# planted bugs, the verdicts and the memory beside the user's loop
+# (python/tests/real/test_real_size.py; skipped in the test command).
+RELOADSAFE_REAL_SIZE=1 tools/pytest.sh "$out/python-real-size.xml" -k real_size_model -s || status=1
 
 step "2/5 reload harness: every registered backend, $reloads reloads per mode"
 bazel run //conformance/harness:reload_harness -- --reloads "$reloads" --json "$out/harness.json" \
@@ -83,6 +89,6 @@ step "5/5 report"
 python3 tools/report.py --testlogs "$(bazel info bazel-testlogs 2>/dev/null)" --out "$out" \
   --harness "$out/harness.json" --bench "$out/bench" --junit "python=$out/python.xml" \
   --more-testlogs "cpp-torch$newest=$testlogs_newest" --junit "python-torch$newest=$out/python-torch$newest.xml" \
-  --junit "python-vllm=$out/python-vllm.xml" || status=1
+  --junit "python-vllm=$out/python-vllm.xml" --junit "python-real-size=$out/python-real-size.xml" || status=1
 echo "[run] report: $out/report.md"
 exit $status

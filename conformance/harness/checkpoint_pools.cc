@@ -2,6 +2,9 @@
 
 #include "conformance/harness/checkpoint_pools.h"
 
+#include "conformance/harness/digest.h"
+#include "conformance/harness/internal/parallel_items.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Dispatch_v2.h>
 #include <ATen/EmptyTensor.h>
@@ -14,6 +17,7 @@
 #include <algorithm>
 #include <cstring>
 #include <set>
+#include <vector>
 
 namespace reloadsafe::harness {
 namespace {
@@ -131,8 +135,9 @@ int64_t base_of(const std::string& name) {
 
 // The window of `w` of a dtype's pool from `base` on, as a new tensor of
 // `layout`'s sizes and dtype (Note [Checkpoints from a pool]): element j is
-// the window's element (base + j) mod kSharedPoolElements, scaled. A
-// tensor longer than the pool is copied in stretches of it, in parallel.
+// the window's element (base + j) mod kSharedPoolElements, scaled; its
+// digest noted (note_digest) as its runs are written. A tensor of more than
+// one run is drawn run by run in parallel.
 at::Tensor draw_from_pool(const at::Tensor& pool, const at::Tensor& layout, int64_t base,
                           const PoolWindow& w) {
   const at::ScalarType dtype = pool.scalar_type();
@@ -163,22 +168,30 @@ at::Tensor draw_from_pool(const at::Tensor& pool, const at::Tensor& layout, int6
                      at::kFloat8_e4m3fnuz, at::kFloat8_e5m2fnuz);
     }
   };
-  // Stretch 0 runs from `base` to the pool's end (or the tensor's); each
-  // later one is a whole pool from its start (the last one shorter).
-  const int64_t first = std::min(n, kSharedPoolElements - base);
-  const int64_t stretches = 1 + (n - first + kSharedPoolElements - 1) / kSharedPoolElements;
-  const auto copy_stretches = [&](int64_t begin, int64_t end) {
+  // The output in the runs its digest is taken in (Note [A digest instead
+  // of a copy]): each run's elements copied, in stretches where the pool
+  // wraps, then digested while they are in the cache.
+  TensorDigest digest(dtype, out.sizes(), static_cast<size_t>(n) * item);
+  const int64_t per_run = static_cast<int64_t>(kDigestRun / item);
+  const auto draw_runs = [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
-      const int64_t start = k == 0 ? 0 : first + (k - 1) * kSharedPoolElements;
-      copy_stretch(start, k == 0 ? base : 0,
-                   k == 0 ? first : std::min(kSharedPoolElements, n - start));
+      const int64_t first = k * per_run;
+      const int64_t last = std::min(n, first + per_run);
+      for (int64_t j = first; j < last;) {
+        const int64_t from = (base + j) % kSharedPoolElements;
+        const int64_t len = std::min(last - j, kSharedPoolElements - from);
+        copy_stretch(j, from, len);
+        j += len;
+      }
+      digest.run(k, dst + first * static_cast<int64_t>(item));
     }
   };
-  if (stretches == 1) {
-    copy_stretches(0, 1);  // most tensors: no thread handed work
+  if (digest.runs() == 1) {
+    draw_runs(0, 1);  // most tensors: no thread handed work
   } else {
-    at::parallel_for(0, stretches, 1, copy_stretches);
+    at::parallel_for(0, digest.runs(), 1, draw_runs);
   }
+  note_digest(out, digest.value());
   return out;
 }
 
@@ -205,11 +218,24 @@ CheckpointPools::CheckpointPools(const Checkpoint& layouts) {
 
 Checkpoint CheckpointPools::draw(uint64_t seed) const {
   const PoolWindow w = pool_window(seed);
-  Checkpoint ckpt;
+  std::vector<const Entry*> entries;
+  std::vector<int64_t> bytes;
   for (const auto& [name, e] : entries_) {
-    ckpt.emplace(name,
-                 e.base ? draw_from_pool(e.pool, e.layout, *e.base, w) : draw_with_ops(e.pool, w));
+    entries.push_back(&e);
+    const at::Tensor& shape = e.base ? e.layout : e.pool;
+    bytes.push_back(shape.numel() * static_cast<int64_t>(shape.element_size()));
   }
+  // The tensors in parallel, the largest first (a model's tensors are of
+  // very uneven sizes); a tensor longer than the pool draws its stretches
+  // on the thread that took it.
+  std::vector<at::Tensor> drawn(entries.size());
+  parallel_items(bytes, [&](size_t i) {
+    const Entry& e = *entries[i];
+    drawn[i] = e.base ? draw_from_pool(e.pool, e.layout, *e.base, w) : draw_with_ops(e.pool, w);
+  });
+  Checkpoint ckpt;
+  size_t i = 0;
+  for (const auto& [name, e] : entries_) ckpt.emplace(name, std::move(drawn[i++]));
   return ckpt;
 }
 

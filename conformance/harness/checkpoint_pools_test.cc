@@ -6,6 +6,7 @@
 
 #include "conformance/harness/checkpoint_pools.h"
 
+#include "conformance/harness/digest.h"
 #include "conformance/harness/values.h"
 
 #include <ATen/TensorOperators.h>
@@ -151,6 +152,21 @@ TEST(CheckpointPools, EveryFloatChangesFromOneSeedToTheNext) {
     EXPECT_EQ(at::eq(next, last).sum().item<int64_t>(), 0) << "seed " << seed;
     last = next;
   }
+}
+
+// A draw digests each tensor as it writes it (note_digest): what a
+// CheckpointDigest of the drawn checkpoint takes is the digest of its bytes.
+TEST(CheckpointPools, ADrawNotesEachTensorsDigest) {
+  const CheckpointPools pools({{"a", layouts_of(at::kBFloat16, {3, kSharedPoolElements}).at("w")},
+                               {"b", layouts_of(at::kFloat, {40, 30}).at("w")},
+                               {"c", layouts_of(at::kChar, {9}).at("w")}});
+  const Checkpoint drawn = pools.draw(11);
+  Checkpoint copies;
+  for (const auto& [name, t] : drawn) {
+    EXPECT_TRUE(noted_digest(t).has_value()) << name;
+    copies.emplace(name, t.clone());
+  }
+  EXPECT_EQ(CheckpointDigest(drawn).whole(), CheckpointDigest(copies).whole());
 }
 
 // A large tensor too, but for the chance few of a million elements whose

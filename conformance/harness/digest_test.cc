@@ -12,8 +12,10 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/ones.h>
+#include <ATen/ops/randint.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -89,6 +91,57 @@ TEST(CheckpointDigest, ALongTensorIsDigestedInRunsTheSameOnAnyThreads) {
     ckpt.at("w").select(0, byte).add_(1);
     EXPECT_EQ(before.changed(ckpt), std::vector<std::string>{"w"});
   }
+}
+
+// The fast and the portable implementations agree, at every length around
+// a block (128 bytes), and a single changed byte changes the digest.
+TEST(DigestBytes, TheFastAndThePortableAgree) {
+  const at::Tensor data = at::randint(0, 256, {5000}, at::kByte);
+  const auto* p = static_cast<const unsigned char*>(data.const_data_ptr());
+  for (const size_t n : {size_t{0}, size_t{1}, size_t{31}, size_t{127}, size_t{128}, size_t{129},
+                         size_t{1000}, size_t{5000}}) {
+    SCOPED_TRACE(n);
+    EXPECT_EQ(digest_bytes(7, p, n), digest_bytes(7, p, n, /*portable=*/true));
+    EXPECT_NE(digest_bytes(7, p, n), digest_bytes(8, p, n)) << "the seed counts";
+    if (n == 0) continue;
+    at::Tensor changed = data.clone();
+    changed[static_cast<int64_t>(n) / 2].add_(1);
+    EXPECT_NE(digest_bytes(7, changed.const_data_ptr(), n), digest_bytes(7, p, n));
+  }
+}
+
+// TensorDigest taken run by run is the digest a CheckpointDigest takes of
+// the same bytes, for one run and for several.
+TEST(TensorDigest, RunByRunIsTheCheckpointsDigest) {
+  for (const int64_t n : {int64_t{0}, int64_t{77}, static_cast<int64_t>(kDigestRun),
+                          2 * static_cast<int64_t>(kDigestRun) + 5}) {
+    SCOPED_TRACE(n);
+    const at::Tensor t = at::arange(n, at::kByte);
+    TensorDigest digest(t.scalar_type(), t.sizes(), static_cast<size_t>(n));
+    for (int64_t k = digest.runs() - 1; k >= 0; --k) {  // any order
+      digest.run(k, static_cast<const char*>(t.const_data_ptr()) + k * kDigestRun);
+    }
+    EXPECT_EQ(digest.runs(), std::max<int64_t>(1, (n + kDigestRun - 1) / kDigestRun));
+    const CheckpointDigest whole({{"w", t}});
+    const at::Tensor u = t.clone();
+    note_digest(u, digest.value());
+    EXPECT_EQ(noted_digest(u), digest.value());
+    EXPECT_EQ(CheckpointDigest({{"w", u}}).whole(), whole.whole());
+  }
+}
+
+// A noted digest stands for its tensor only while nothing wrote into it by
+// an op, and only for the very tensor noted.
+TEST(TensorDigest, ANotedDigestIsTakenUntilAnOpWritesTheTensor) {
+  const at::Tensor t = at::arange(16, at::kFloat);
+  const std::optional<uint64_t> real = CheckpointDigest({{"w", t.clone()}}).whole();
+  note_digest(t, 12345);  // not t's: shows where it is taken
+  EXPECT_EQ(noted_digest(t), 12345u);
+  EXPECT_NE(CheckpointDigest({{"w", t}}).whole(), real);
+  EXPECT_FALSE(noted_digest(t.clone()).has_value()) << "another tensor";
+  t.add_(0);  // an in-place op: the version counter moves
+  EXPECT_FALSE(noted_digest(t).has_value());
+  EXPECT_EQ(CheckpointDigest({{"w", t}}).whole(), real);
 }
 
 TEST(CheckpointDigest, AMissingOrReshapedTensorIsAChange) {

@@ -312,9 +312,11 @@ class ModeRun final : public ModeContext {
     {
       const Checkpoint ckpt = in_stage("drawing the cold load's checkpoint (" + seeds + ")",
                                        [&] { return subject_.draw_checkpoint(options_.seed); });
-      // Between two reloads a checkpoint and a layer made aside are freed,
-      // and the next reload makes both again (Note [Reusing freed blocks]).
-      if (shared_.reuse != nullptr) shared_.reuse->raise_limit(2 * checkpoint_bytes(ckpt));
+      // Between two reloads a checkpoint is freed and the next reload draws
+      // one again (Note [Reusing freed blocks]); a layer made aside is made
+      // on its checkpoint (Note [A copy on its checkpoint]). No more: blocks
+      // kept beyond what the next reload takes would add to its peak.
+      if (shared_.reuse != nullptr) shared_.reuse->raise_limit(checkpoint_bytes(ckpt));
       // Note [The second mode's live layer]
       // The first mode's live layer is one the subject builds. The second's
       // is a copy of a layer as built where a copy has proven to load as a

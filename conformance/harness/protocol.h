@@ -49,6 +49,52 @@
 // the input from input_seed(seed) (once per run: each mode's forward is
 // handed a copy), reload r's checkpoint from reload_seed(seed, r): both
 // modes reload the same checkpoints.
+//
+// Note [What a check keeps alive]
+// A check stands in for the loop a user would run without it: a layer built
+// once, a checkpoint loaded into it, a forward, again and again. That loop
+// holds the layer and one checkpoint; a check is worth running on a real
+// model only if it holds little more. What it keeps alive, phase by phase
+// (on the CPU; on a device the layers' memory is on the device and the
+// checkpoint on the host):
+//
+//   - before the first mode: the first layer the subject builds (which is
+//     the first mode's live layer), and the subject's template of it without
+//     its parameters' bytes (Note [Layers made aside by copying] in
+//     layer_life.h); the checkpoint pools, a few MiB whatever the model
+//     (Note [Checkpoints from a pool] in checkpoint_pools.h);
+//   - the cold load: the live layer and its checkpoint; the copy that proves
+//     copies is made on that checkpoint's tensors (Note [A copy on its
+//     checkpoint]), so it adds what the load does not copy in place; the
+//     checkpoint is let go of before reload 1's is drawn for the check that
+//     the forward reads the weights (cold_start.h): one checkpoint at a time;
+//   - the capture: the forward's own tensors (activations, every op's
+//     results), which a captured graph's pool holds too: a few MB at 16
+//     tokens, growing with the tokens, not with the weights;
+//   - each reload: the live layer, the reload's checkpoint and its digest
+//     (Note [A digest instead of a copy] in digest.h: a copy to tell whether
+//     the load wrote into it was a model more), and the cold load it is
+//     compared with, a copy made on the checkpoint (no memory of its own
+//     where the load copies each tensor into the parameter of its name;
+//     a layer's worth where a loader transforms or a post-processing writes
+//     in place, as the proof found); freed blocks kept for reuse up to one
+//     checkpoint's bytes (Note [Reusing freed blocks] in memory_census.h);
+//     a cold-load output kept per reload for the second mode;
+//   - the second mode: the first mode's live layer let go of, a copy as its
+//     live layer (Note [The second mode's live layer] in protocol.cc).
+//
+// No less will do: the live layer is what is checked and the checkpoint
+// what it loads (the loop's own two); a reload is judged against a fresh
+// cold load of the same checkpoint, which needs a layer loaded from it; the
+// capture must hold what a graph would read. So a correct reload of a whole
+// model is checked within the loop's memory and its capture (a Llama of
+// 0.55 B parameters: 117 MB above the loop's 4.9 GB, bench/check_bench.py),
+// and within a layer more where the copies cannot be made on the
+// checkpoint. A reload that moves weights keeps more alive, by design: the
+// capture keeps what it captured (a graph reads it stale) and the
+// quarantine what later reloads moved away from, poisoned (Note [Poison
+// quarantine]); one that moves every weight holds two models more than its
+// loop.
 #pragma once
 
 #include "conformance/harness/report.h"

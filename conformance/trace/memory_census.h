@@ -61,11 +61,13 @@
 // of it, the cache may reuse it, as the wrapped allocator would have. A fresh
 // tensor over a reused block holds its old bytes, as a reused heap block
 // does, not zeros. The cache holds at most its limit, the oldest blocks
-// freed first beyond it; a check raises the limit to what one reload frees
-// and the next allocates again (raise_limit): at a real model's size, a
-// first touch of memory costs more than the rest of a reload (on the 2-core
-// KVM hosts, 2.1 GB fresh took 5 s, the same bytes again 1 s), and a limit
-// below that made each reload fault in most of a model again.
+// freed first beyond it; a check raises the limit to a checkpoint's bytes
+// (raise_limit), what one reload frees and the next allocates again: at a
+// real model's size, a first touch of memory costs more than the rest of a
+// reload (on the 2-core KVM hosts, 2.1 GB fresh took 5 s, the same bytes
+// again 1 s), and a limit below that made each reload fault in most of a
+// model again; above it, blocks the next reload does not take add to its
+// peak.
 #pragma once
 
 #include <c10/core/Device.h>
