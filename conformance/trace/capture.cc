@@ -455,6 +455,7 @@ std::vector<CapturedRead> CapturedForward::reads(const TensorNames& names, bool 
       out.push_back(std::move(c));
     }
     for (const ObjectRead& o : op.objects) {
+      if (o.made) continue;  // the forward's own (Note [An object the forward makes])
       CapturedRead c{details ? o.where(op.name) : "",
                      op.name,
                      op.depth,
@@ -805,7 +806,16 @@ std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
     missing = t.toString();
     return t;
   };
-  auto map_value = [&](const c10::IValue& v) -> c10::IValue { return map_tensors(v, map); };
+  // Objects a captured call returned -> the replay's in their place (Note
+  // [An object the forward makes] in read_trace.cc).
+  std::unordered_map<const void*, c10::IValue> made_objects;
+  auto map_value = [&](const c10::IValue& v) -> c10::IValue {
+    if (v.isObject()) {
+      const auto it = made_objects.find(&v.toObjectRef());
+      return it == made_objects.end() ? v : it->second;
+    }
+    return map_tensors(v, map);
+  };
   auto made_one = [&](const at::Tensor& captured, const at::Tensor& replayed) {
     made[captured.unsafeGetTensorImpl()] = replayed;
     if (has_plain_storage(captured)) {
@@ -813,7 +823,9 @@ std::optional<at::Tensor> CapturedForward::replay(std::string* why) const {
     }
   };
   auto remember = [&](const c10::IValue& captured, const c10::IValue& replayed) {
-    if (captured.isTensor() && replayed.isTensor()) {
+    if (captured.isObject() && replayed.isObject()) {
+      made_objects[&captured.toObjectRef()] = replayed;
+    } else if (captured.isTensor() && replayed.isTensor()) {
       made_one(captured.toTensor(), replayed.toTensor());
     } else if (captured.isTensorList() && replayed.isTensorList()) {
       const auto c = captured.toTensorList().vec();

@@ -84,9 +84,25 @@ struct Packed : torch::CustomClassHolder {
   at::Tensor weight;
 };
 
+// A handle an op opens and a later op closes, as torch.profiler's
+// record_function enters and exits its _RecordFunction: closing one twice
+// is an error.
+struct Block : torch::CustomClassHolder {
+  bool closed = false;
+};
+
 TORCH_LIBRARY(reloadsafe_capture_test, m) {
   m.class_<Packed>("Packed").def(
       "unpack", [](const c10::intrusive_ptr<Packed>& self) { return self->weight; });
+  m.class_<Block>("Block");
+  m.def("open_block(Tensor x) -> __torch__.torch.classes.reloadsafe_capture_test.Block",
+        [](const at::Tensor&) { return c10::make_intrusive<Block>(); });
+  m.def("close_block(Tensor x, __torch__.torch.classes.reloadsafe_capture_test.Block b) -> Tensor",
+        [](const at::Tensor& x, const c10::intrusive_ptr<Block>& b) {
+          TORCH_CHECK(!b->closed, "a block closed twice");
+          b->closed = true;
+          return x * 2;
+        });
   m.def("packed_mm(Tensor x, __torch__.torch.classes.reloadsafe_capture_test.Packed w) -> Tensor",
         [](const at::Tensor& x, const c10::intrusive_ptr<Packed>& w) {
           return at::mm(x, w->weight.t());
@@ -136,6 +152,16 @@ at::Tensor scratch_add(const at::Tensor& x) {
 
 at::Tensor packed_mm(const at::Tensor& x, const c10::IValue& object) {
   return call_test_op("packed_mm", {x, object});
+}
+
+// y = 2 * (x w^T) inside a block the forward opens and closes.
+at::Tensor in_a_block(const at::Tensor& x, const at::Tensor& w) {
+  const c10::OperatorHandle open =
+      c10::Dispatcher::singleton().findSchemaOrThrow("reloadsafe_capture_test::open_block", "");
+  torch::jit::Stack stack{x};
+  open.callBoxed(stack);
+  const c10::IValue block = stack.back();
+  return call_test_op("close_block", {at::mm(x, w.t()), block});
 }
 
 // Expects of a checking retrace the answers of a full retrace of the same
@@ -266,6 +292,35 @@ TEST(CapturedForward, AReplacedKernelObjectIsAViolationNamingItAndTheOp) {
   auto replayed = capture.replay(&why);
   ASSERT_TRUE(replayed.has_value()) << why;
   EXPECT_FALSE(at::allclose(*replayed, packed_mm(x, repacked)));
+}
+
+// Note [An object the forward makes] (read_trace.cc): an object an op of
+// the forward returns and a later op is handed is the forward's own: not a
+// read of the capture, not compared by identity with the next forward's,
+// and replayed as the object the replay's own call makes.
+TEST(CapturedForward, AnObjectTheForwardMakesIsItsOwn) {
+  const at::Tensor x = at::randn({2, 4});
+  at::Tensor w = at::randn({8, 4});
+  CapturedForward capture([&] { return in_a_block(x, w); });
+  TensorNames names({{"w", w, true}});
+  for (const CapturedRead& r : capture.reads(names)) {
+    EXPECT_NE(r.kind, CapturedRead::Kind::kObject) << r.op;
+  }
+  // A forward after the weight was refilled in place: no change, though its
+  // block is another object.
+  w.copy_(at::randn({8, 4}));
+  const Retraced same = retrace(capture, names, [&] { return in_a_block(x, w); });
+  EXPECT_TRUE(same.changes.empty()) << whats(same.changes).size() << " changes";
+  // The replay opens and closes a block of its own (the captured one is
+  // closed already) and computes from the refilled weight.
+  std::string why;
+  const std::optional<at::Tensor> replayed = capture.replay(&why);
+  ASSERT_TRUE(replayed.has_value()) << why;
+  EXPECT_TRUE(at::allclose(*replayed, in_a_block(x, w)));
+  // Moved, the weight is still flagged.
+  const at::Tensor moved = w.clone();
+  const Retraced rebound = retrace(capture, names, [&] { return in_a_block(x, moved); });
+  EXPECT_GE(whats(rebound.changes).count("w: storage"), 1u);
 }
 
 TEST(CapturedForward, HeldCallsKeepTheCapturedTensorsAliveAsTheCaptureSawThem) {

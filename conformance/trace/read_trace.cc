@@ -417,6 +417,7 @@ const char* for_each_object_read(const c10::IValue& v, OnRead&& on_read) {
 void ReadTrace::add_object(OpCall& call, const c10::IValue& v, int arg,
                            const c10::Argument& schema_arg) {
   ObjectRead o = object_at(v, arg);
+  o.made = made_objects_.count(o.identity) > 0;
   o.arg_name = schema_arg.name();
   o.class_name = short_class_name(v.toObjectRef());
   objects_seen_.push_back(v);
@@ -561,6 +562,19 @@ void ReadTrace::end_call(const c10::OperatorHandle& op, const c10::FunctionSchem
   };
   for (size_t i = stack.size() - num_returns; i < stack.size(); ++i) {
     for_each_tensor(stack[i], [&](const at::Tensor& t, int) { result(t); });
+    // Note [An object the forward makes]
+    // An op may return an opaque object that a later op of the same forward
+    // is handed: torch.profiler.record_function's handle (which FSDP2's
+    // forward opens), entered by one op and exited by another. Such an
+    // object is the forward's own, as a tensor the forward makes is: every
+    // forward makes a new one, and no captured graph could hold one across
+    // replays. A later read of it is marked made (ObjectRead::made): not an
+    // undeclared read, not compared by identity with the capture's, and
+    // replayed as what the replay's own call made in its place.
+    if (stack[i].isObject()) {
+      made_objects_.insert(&stack[i].toObjectRef());
+      objects_seen_.push_back(stack[i]);
+    }
   }
   if (depth_ == 0 && !pending_.empty()) {
     resolve_pending(progress.first_op,

@@ -131,6 +131,7 @@
 #include <optional>
 #include <string_view>
 #include <thread>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -431,6 +432,9 @@ class ReadTrace {
   friend void end_untraced();
   // Opaque objects seen, kept alive so that no identity is reused.
   std::vector<c10::IValue> objects_seen_;
+  // The identities of the opaque objects ops of the scope returned (Note
+  // [An object the forward makes]); each kept alive in objects_seen_.
+  std::unordered_set<const void*> made_objects_;
 };
 
 }  // namespace reloadsafe::trace

@@ -71,6 +71,10 @@ struct ObjectRead {
   /// re-made in place. For comparison only: never dereferenced.
   const void* identity = nullptr;
   const void* payload = nullptr;
+  /// Returned by an earlier op of the traced scope: the forward's own
+  /// object, made anew by every forward as a tensor it makes is (Note [An
+  /// object the forward makes] in read_trace.cc).
+  bool made = false;
 
   /// "aten::mm arg 1 (mat2)"-style position of this read, given its op.
   std::string where(std::string_view op_name) const {

@@ -449,6 +449,25 @@ def test_layers_a_factory_keeps_alive_are_not_the_reloads_growth(kept):
         _BUILT.clear()
 
 
+class InAProfilerBlock(ScaledLinear):
+    """A forward inside torch.profiler.record_function, as FSDP2's forward
+    opens one: the handle one op makes and a later op closes is the
+    forward's own (Note [An object the forward makes] in
+    conformance/trace/read_trace.cc)."""
+
+    def forward(self, x):
+        with torch.profiler.record_function("scaled_linear"):
+            return super().forward(x)
+
+
+def test_a_forward_inside_record_function_is_checked_as_any_other():
+    report = check_reload(InAProfilerBlock, _x(), reloads=4)
+    assert report.ok and not _warnings(report), report.table()
+    bad = check_reload(lambda: InAProfilerBlock(rebuild=True), _x(), reloads=4)
+    assert not bad.ok and "scale" in bad.flagged, bad.table()
+    assert not any("undeclared object" in name for name in bad.flagged), bad.table()
+
+
 class GrowingCache(ScaledLinear):
     """A reload that keeps every post-processed scale it made."""
 

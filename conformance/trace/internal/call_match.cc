@@ -128,6 +128,9 @@ bool same_op(const OpCall& a, const OpCall& b) {
 }
 
 bool same_object(const ObjectRead& a, const ObjectRead& b) {
+  // Made by the forward (Note [An object the forward makes]): a new one on
+  // every forward, like a tensor the forward makes.
+  if (a.made || b.made) return a.made && b.made;
   // A TorchBind object handed to its op from C++ (IValue of an intrusive_ptr
   // of a custom class) is wrapped in a new script object on every call: the
   // C++ instance it holds is what the kernel reads, and the object's identity.
