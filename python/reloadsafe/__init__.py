@@ -8,6 +8,9 @@ the torch this interpreter imports; tensors cross without copies.
   reload protocol on a Python layer (addresses of every reachable tensor,
   traced reads at the captured addresses, forward == fresh cold load, memory;
   a CUDA-graph capture and replay on CUDA); returns a ``ReloadReport``.
+- ``check_ranks(check, world_size)``: ``check_reload`` on every rank of a
+  torch.distributed world on the CPU (gloo); one ``RanksReport`` with each
+  rank's verdict.
 - ``trace()``: a context manager recording which tensors the code in its
   block hands to operators (external/internal, data pointers, layouts).
 - ``named_tensors(module)``: every tensor reachable from a module, by name
@@ -31,6 +34,7 @@ from .check import MODES, ReloadReport, check_reload
 from .errors import ReloadCheckError, ReloadViolation
 from .file_loader import SafetensorsLoader, load_safetensors_
 from .loading import CheckpointDrawer, default_weight_loader, draw_checkpoint, load_checkpoint
+from .ranks import RanksReport, check_ranks
 from .reference import (
     checked_extent,
     direct_reload,
@@ -52,12 +56,14 @@ __all__ = [
     "NamedTensor",
     "ObjectRead",
     "OpCall",
+    "RanksReport",
     "ReloadCheckError",
     "ReloadReport",
     "ReloadViolation",
     "SafetensorsLoader",
     "TensorRead",
     "Trace",
+    "check_ranks",
     "check_reload",
     "default_weight_loader",
     "draw_checkpoint",
