@@ -44,12 +44,12 @@ bool float8_through_float(at::ScalarType dtype) {
          dtype == at::kFloat8_e4m3fnuz || dtype == at::kFloat8_e5m2fnuz;
 }
 
-// kBlock elements from `in`, times `s`, into `out`: a loop of a fixed length
+// kScaleBlock elements from `in`, times `s`, into `out`: a loop of a fixed length
 // over pointers that do not alias, which the compiler vectorizes at -O2.
-constexpr int64_t kBlock = 16;
+constexpr int64_t kScaleBlock = 16;
 template <typename T, typename Math>
 void scale_block(const T* __restrict in, T* __restrict out, Math s) {
-  for (int64_t j = 0; j < kBlock; ++j) out[j] = static_cast<T>(static_cast<Math>(in[j]) * s);
+  for (int64_t j = 0; j < kScaleBlock; ++j) out[j] = static_cast<T>(static_cast<Math>(in[j]) * s);
 }
 
 // n elements from src, times `scale` in T's op-math type, into dst (a new
@@ -62,7 +62,7 @@ void scale_into(const void* src, void* dst, int64_t n, double scale) {
   const T* in = static_cast<const T*>(src);
   T* out = static_cast<T*>(dst);
   int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) scale_block<T, Math>(in + i, out + i, s);
+  for (; i + kScaleBlock <= n; i += kScaleBlock) scale_block<T, Math>(in + i, out + i, s);
   for (; i < n; ++i) out[i] = static_cast<T>(static_cast<Math>(in[i]) * s);
 }
 

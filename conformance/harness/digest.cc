@@ -34,12 +34,12 @@ namespace {
 // one (digest_test holds them equal).
 constexpr uint32_t kLanePrime = 0x9E3779B1u;
 constexpr uint64_t kFoldPrime = 0x100000001B3ull;
-constexpr size_t kBlock = 128;
-constexpr int kLanes = kBlock / 4;
+constexpr size_t kDigestBlock = 128;
+constexpr int kDigestLanes = kDigestBlock / 4;
 
 // The lanes' starting values, from the seed.
 void seed_lanes(uint64_t h, uint32_t* lanes) {
-  for (int i = 0; i < kLanes; ++i) {
+  for (int i = 0; i < kDigestLanes; ++i) {
     lanes[i] = static_cast<uint32_t>(h ^ (h >> 32)) ^ (static_cast<uint32_t>(i) * 0x85EBCA6Bu);
   }
 }
@@ -47,46 +47,46 @@ void seed_lanes(uint64_t h, uint32_t* lanes) {
 // The lanes and the tail folded into the seed.
 uint64_t fold(uint64_t h, const uint32_t* lanes, const unsigned char* tail, size_t rest, size_t n) {
   uint64_t out = h;
-  for (int i = 0; i < kLanes; ++i) out = (out ^ lanes[i]) * kFoldPrime;
+  for (int i = 0; i < kDigestLanes; ++i) out = (out ^ lanes[i]) * kFoldPrime;
   for (size_t i = 0; i < rest; ++i) out = (out ^ tail[i]) * kFoldPrime;
   return (out ^ static_cast<uint64_t>(n)) * kFoldPrime;
 }
 
 uint64_t mix_run_portable(uint64_t h, const unsigned char* p, size_t n) {
-  uint32_t lanes[kLanes];
+  uint32_t lanes[kDigestLanes];
   seed_lanes(h, lanes);
-  const size_t blocks = n / kBlock;
+  const size_t blocks = n / kDigestBlock;
   for (size_t b = 0; b < blocks; ++b) {
-    for (int i = 0; i < kLanes; ++i) {
+    for (int i = 0; i < kDigestLanes; ++i) {
       uint32_t w;
-      std::memcpy(&w, p + b * kBlock + static_cast<size_t>(i) * 4, 4);
+      std::memcpy(&w, p + b * kDigestBlock + static_cast<size_t>(i) * 4, 4);
       lanes[i] = (lanes[i] ^ w) * kLanePrime;
     }
   }
-  return fold(h, lanes, p + blocks * kBlock, n - blocks * kBlock, n);
+  return fold(h, lanes, p + blocks * kDigestBlock, n - blocks * kDigestBlock, n);
 }
 
 #if defined(__x86_64__) || defined(__i386__)
 #define RELOADSAFE_HAVE_AVX2_DIGEST 1
 __attribute__((target("avx2"))) uint64_t mix_run_avx2(uint64_t h, const unsigned char* p,
                                                       size_t n) {
-  uint32_t lanes[kLanes];
+  uint32_t lanes[kDigestLanes];
   seed_lanes(h, lanes);
   __m256i a[4];
   for (int k = 0; k < 4; ++k) {
     a[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lanes + 8 * k));
   }
   const __m256i prime = _mm256_set1_epi32(static_cast<int>(kLanePrime));
-  const size_t blocks = n / kBlock;
+  const size_t blocks = n / kDigestBlock;
   for (size_t b = 0; b < blocks; ++b) {
-    const unsigned char* q = p + b * kBlock;
+    const unsigned char* q = p + b * kDigestBlock;
     for (int k = 0; k < 4; ++k) {
       const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * k));
       a[k] = _mm256_mullo_epi32(_mm256_xor_si256(a[k], w), prime);
     }
   }
   for (int k = 0; k < 4; ++k) _mm256_storeu_si256(reinterpret_cast<__m256i*>(lanes + 8 * k), a[k]);
-  return fold(h, lanes, p + blocks * kBlock, n - blocks * kBlock, n);
+  return fold(h, lanes, p + blocks * kDigestBlock, n - blocks * kDigestBlock, n);
 }
 #endif
 
