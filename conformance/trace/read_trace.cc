@@ -332,18 +332,24 @@ void ReadTrace::fill_read(TensorRead& r, const at::Tensor& t, int arg, int eleme
     r.external = true;
     return;
   }
-  r.external = classify_read(t, t.storage().unsafeGetStorageImpl());
+  r.external = classify_read(t, t.storage().unsafeGetStorageImpl(), &r.allocation_epoch);
 }
 
-bool ReadTrace::classify_read(const at::Tensor& t, c10::StorageImpl* impl) {
+bool ReadTrace::classify_read(const at::Tensor& t, c10::StorageImpl* impl, uint64_t* allocation_epoch) {
   auto it = seen_.find(impl);
-  if (it != seen_.end()) return it->second.external;
+  if (it != seen_.end()) {
+    if (allocation_epoch != nullptr) *allocation_epoch = it->second.allocation_epoch;
+    return it->second.external;
+  }
   const c10::Device device = t.device();
-  const bool external = existed_before(device, impl->data());
-  seen_.emplace(
-      impl,
-      Seen{external, c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl())});
+  const std::optional<uint64_t> epoch = device.is_cpu() && impl->data() != nullptr
+                                            ? cpu_allocation_epoch_of(impl->data())
+                                            : std::nullopt;
+  const bool external = existed_before(device, epoch);
+  seen_.emplace(impl, Seen{external, epoch.value_or(0),
+                           c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl())});
   if (external && depth_ > 0 && !device.is_cpu()) pending_.push_back(impl);
+  if (allocation_epoch != nullptr) *allocation_epoch = epoch.value_or(0);
   return external;
 }
 
@@ -355,9 +361,8 @@ bool ReadTrace::classify_read(const at::Tensor& t, c10::StorageImpl* impl) {
 // by the trace): a block allocated after the trace started is internal,
 // whoever allocated it. Elsewhere a storage first seen inside a nested op is
 // provisional: it becomes internal if the enclosing top-level op returns it.
-bool ReadTrace::existed_before(const c10::Device& device, const void* storage_data) const {
-  if (device.is_cpu() && storage_data != nullptr) {
-    const auto epoch = cpu_allocation_epoch_of(storage_data);
+bool ReadTrace::existed_before(const c10::Device& device, std::optional<uint64_t> epoch) const {
+  if (device.is_cpu()) {
     if (!epoch || *epoch <= start_epoch_) return true;
     // Made by code that was not the traced code's work: it lives on.
     return std::any_of(untraced_epochs_.begin(), untraced_epochs_.end(), [&](const auto& range) {
@@ -376,7 +381,7 @@ void ReadTrace::note_result(const at::Tensor& t) {
   if (seen_.find(impl) != seen_.end()) return;
   // First seen as a result: made inside the scope.
   seen_.emplace(
-      impl, Seen{false, c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl())});
+      impl, Seen{false, 0, c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl())});
 }
 
 namespace {

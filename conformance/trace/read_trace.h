@@ -383,14 +383,16 @@ class ReadTrace {
   void fill_read(TensorRead& r, const at::Tensor& t, int arg, int element, const SparsePart* part,
                  const c10::Argument& schema_arg);
   void note_result(const at::Tensor& t);
-  // Whether the storage at `storage_data` on `device` existed before the
-  // trace began (Note [Inside or before the scope]).
-  bool existed_before(const c10::Device& device, const void* storage_data) const;
+  // Whether a storage on `device`, allocated at `epoch` by the CPU census
+  // (nothing where it does not know), existed before the trace began (Note
+  // [Inside or before the scope]).
+  bool existed_before(const c10::Device& device, std::optional<uint64_t> epoch) const;
   // Whether the plain storage `impl` of `t`, an argument of the current
   // call, is external: its classification, made at its first sight and
   // kept (pending_ if provisional). A record and a hook's skip both classify
-  // through here, so the two cannot disagree.
-  bool classify_read(const at::Tensor& t, c10::StorageImpl* impl);
+  // through here, so the two cannot disagree. `allocation_epoch`, where
+  // given, gets the storage's CPU allocation epoch (TensorRead's).
+  bool classify_read(const at::Tensor& t, c10::StorageImpl* impl, uint64_t* allocation_epoch = nullptr);
   // classify_argument() past its inline common case.
   std::optional<bool> classify_first_sight(const at::Tensor& t, c10::StorageImpl* impl);
   void resolve_pending(size_t first_op, const std::vector<const c10::StorageImpl*>& returned);
@@ -418,6 +420,7 @@ class ReadTrace {
   // from being reused by a new storage while the trace lives.
   struct Seen {
     bool external;
+    uint64_t allocation_epoch;
     c10::weak_intrusive_ptr<c10::StorageImpl> keep;
   };
   // Open addressing: one table instead of a node per storage.

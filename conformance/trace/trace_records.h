@@ -40,6 +40,12 @@ struct TensorRead : TensorLocation {
   std::string arg_name;     ///< the schema's name for the argument ("self", "mat2")
   bool written = false;     ///< the schema says the op writes it (in-place, out=)
   bool external = false;    ///< the storage existed before the traced code ran (read_trace.h)
+  /// The CPU allocation epoch of an external storage (memory_census.h: the
+  /// allocation's sequence number), 0 where the census does not know it
+  /// (another device, allocated while no census ran) and for a storage the
+  /// traced code made (an op's result). Tells a storage made by the code
+  /// around the traced block from one that outlives it.
+  uint64_t allocation_epoch = 0;
   bool has_storage = true;  ///< false for tensors without storage (mkldnn, nested)
   /// A tensor that dispatches in Python (a `__torch_dispatch__` subclass):
   /// no storage fields are read; has_storage is false.

@@ -84,6 +84,11 @@ class TensorRead:
     dtype: torch.dtype
     device: torch.device
     layout: str  #: "Float[16, 64] stride [64, 1] offset 0 on cpu"
+    #: for an external read on the CPU, its storage's allocation sequence
+    #: number, if a CPU census numbered it (a trace does inside its block;
+    #: ``_C.CpuCensus()`` around more code), else 0: whether the storage was
+    #: made after a point in time (``_C.cpu_allocation_epoch()``)
+    allocation_epoch: int = 0
 
     @property
     def byte_offset(self) -> int:
@@ -247,6 +252,7 @@ def _op(index: int, op: Any) -> OpCall:
             storage=r.storage, storage_data_ptr=r.storage_data, storage_nbytes=r.storage_nbytes,
             data_ptr=r.data_ptr, storage_offset=r.storage_offset, sizes=tuple(r.sizes),
             strides=tuple(r.strides), dtype=r.dtype, device=r.device, layout=r.layout,
+            allocation_epoch=r.allocation_epoch,
         )
         for r in op.reads
     )

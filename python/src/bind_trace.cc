@@ -54,6 +54,15 @@ void bind_trace(py::module_& m) {
   // The census, for check_reload's own memory rules (reloadsafe/state.py).
   m.def("live_tensor_bytes", &trace::live_tensor_bytes, py::arg("device"));
   m.def("take_peak_tensor_bytes", &trace::take_peak_tensor_bytes, py::arg("device"));
+  // A stretch of code whose CPU allocations the census numbers (the
+  // allocations' epochs, TensorRead.allocation_epoch), for
+  // reloadsafe/vllm_engine.py: the storages a step makes around its traced
+  // forward.
+  py::class_<trace::CpuCensusScope>(m, "CpuCensus")
+      .def(py::init<>())
+      .def("__enter__", [](trace::CpuCensusScope&) {})
+      .def("__exit__", [](trace::CpuCensusScope&, const py::args&) {});
+  m.def("cpu_allocation_epoch", &trace::cpu_allocation_epoch);
   // The tensors that hold a sparse tensor's bytes, by name (sparse_parts.h),
   // for reloadsafe/walk.py: one table of the layouts' parts for both
   // languages. None for a tensor that is not sparse.
@@ -80,6 +89,7 @@ void bind_trace(py::module_& m) {
       .def_readonly("arg_name", &TensorRead::arg_name)
       .def_readonly("written", &TensorRead::written)
       .def_readonly("external", &TensorRead::external)
+      .def_readonly("allocation_epoch", &TensorRead::allocation_epoch)
       .def_readonly("has_storage", &TensorRead::has_storage)
       .def_readonly("subclass", &TensorRead::subclass)
       .def_property_readonly("object", [](const TensorRead& r) { return address(r.object); })
