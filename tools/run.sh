@@ -21,6 +21,8 @@
 #      newest supported (2.15, --config=torch2.15); the report says which
 #      torch versions were tested; vLLM 0.33's own layers in vLLM's own
 #      environment (its torch 2.14; tools/vllm_check.sh makes it once, 9.5 GB);
+#      vLLM's engine on the CPU reloading whole models (its CPU build's
+#      environment; tools/vllm_cpu_check.sh makes it once, 6.5 GB);
 #      and a whole model at real size (0.55 B parameters), correct and with
 #      planted bugs, within the memory of the user's own loop
 #   2. the reload harness over every registered backend (normal and direct reload)
@@ -60,6 +62,9 @@ testlogs_newest="$(bazel info --config=torch$newest bazel-testlogs 2>/dev/null)"
 tools/pytest.sh --torch $newest "$out/python-torch$newest.xml" || status=1
 # vLLM 0.33's own layers, in vLLM's environment (torch 2.14), reloadsafe built into it.
 tools/vllm_check.sh "$out/python-vllm.xml" || status=1
+# vLLM's engine on the CPU (its CPU build, vllm-cpu 0.32, on torch 2.13):
+# whole models reloaded the ways RL frameworks sync, checked by check_engine.
+tools/vllm_cpu_check.sh "$out/python-vllm-cpu.xml" || status=1
 # A whole model at real size (a Llama of 0.55 B parameters): correct and with
 # planted bugs, the verdicts and the memory beside the user's loop
 # (python/tests/real/test_real_size.py; skipped in the test command).
@@ -89,6 +94,6 @@ step "5/5 report"
 python3 tools/report.py --testlogs "$(bazel info bazel-testlogs 2>/dev/null)" --out "$out" \
   --harness "$out/harness.json" --bench "$out/bench" --junit "python=$out/python.xml" \
   --more-testlogs "cpp-torch$newest=$testlogs_newest" --junit "python-torch$newest=$out/python-torch$newest.xml" \
-  --junit "python-vllm=$out/python-vllm.xml" --junit "python-real-size=$out/python-real-size.xml" || status=1
+  --junit "python-vllm=$out/python-vllm.xml" --junit "python-vllm-cpu=$out/python-vllm-cpu.xml" --junit "python-real-size=$out/python-real-size.xml" || status=1
 echo "[run] report: $out/report.md"
 exit $status

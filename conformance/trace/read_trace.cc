@@ -335,7 +335,8 @@ void ReadTrace::fill_read(TensorRead& r, const at::Tensor& t, int arg, int eleme
   r.external = classify_read(t, t.storage().unsafeGetStorageImpl(), &r.allocation_epoch);
 }
 
-bool ReadTrace::classify_read(const at::Tensor& t, c10::StorageImpl* impl, uint64_t* allocation_epoch) {
+bool ReadTrace::classify_read(const at::Tensor& t, c10::StorageImpl* impl,
+                              uint64_t* allocation_epoch) {
   auto it = seen_.find(impl);
   if (it != seen_.end()) {
     if (allocation_epoch != nullptr) *allocation_epoch = it->second.allocation_epoch;
@@ -346,8 +347,9 @@ bool ReadTrace::classify_read(const at::Tensor& t, c10::StorageImpl* impl, uint6
                                             ? cpu_allocation_epoch_of(impl->data())
                                             : std::nullopt;
   const bool external = existed_before(device, epoch);
-  seen_.emplace(impl, Seen{external, epoch.value_or(0),
-                           c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl())});
+  seen_.emplace(impl,
+                Seen{external, epoch.value_or(0),
+                     c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl())});
   if (external && depth_ > 0 && !device.is_cpu()) pending_.push_back(impl);
   if (allocation_epoch != nullptr) *allocation_epoch = epoch.value_or(0);
   return external;
@@ -381,7 +383,8 @@ void ReadTrace::note_result(const at::Tensor& t) {
   if (seen_.find(impl) != seen_.end()) return;
   // First seen as a result: made inside the scope.
   seen_.emplace(
-      impl, Seen{false, 0, c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl())});
+      impl,
+      Seen{false, 0, c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl())});
 }
 
 namespace {

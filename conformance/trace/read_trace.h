@@ -392,7 +392,8 @@ class ReadTrace {
   // kept (pending_ if provisional). A record and a hook's skip both classify
   // through here, so the two cannot disagree. `allocation_epoch`, where
   // given, gets the storage's CPU allocation epoch (TensorRead's).
-  bool classify_read(const at::Tensor& t, c10::StorageImpl* impl, uint64_t* allocation_epoch = nullptr);
+  bool classify_read(const at::Tensor& t, c10::StorageImpl* impl,
+                     uint64_t* allocation_epoch = nullptr);
   // classify_argument() past its inline common case.
   std::optional<bool> classify_first_sight(const at::Tensor& t, c10::StorageImpl* impl);
   void resolve_pending(size_t first_op, const std::vector<const c10::StorageImpl*>& returned);

@@ -37,9 +37,9 @@ struct TensorRead : TensorLocation {
   /// For a part of a sparse argument (sparse_parts.h): its index, and
   /// arg_name ends with its name ("self._values"); -1 for the argument itself.
   int part = -1;
-  std::string arg_name;     ///< the schema's name for the argument ("self", "mat2")
-  bool written = false;     ///< the schema says the op writes it (in-place, out=)
-  bool external = false;    ///< the storage existed before the traced code ran (read_trace.h)
+  std::string arg_name;   ///< the schema's name for the argument ("self", "mat2")
+  bool written = false;   ///< the schema says the op writes it (in-place, out=)
+  bool external = false;  ///< the storage existed before the traced code ran (read_trace.h)
   /// The CPU allocation epoch of an external storage (memory_census.h: the
   /// allocation's sequence number), 0 where the census does not know it
   /// (another device, allocated while no census ran) and for a storage the

@@ -25,6 +25,13 @@ copied into the tensors the layer had). This module gives ``check_reload`` those
             forward=rv.in_config(config, lambda layer, x: layer(x)[0]),
             make_checkpoint=lambda seed: {"q": ..., "k": ..., "v": ...})
 
+A whole engine's weight syncs (``collective_rpc("reload_weights", ...)``,
+a worker extension calling the model runner) are checked by
+``check_engine`` (``reloadsafe.vllm_engine``, re-exported here)::
+
+    report = rv.check_engine(llm, rv.reload_from_iterator, reloads=2)
+    assert report.ok, report.format()
+
 ``vllm`` is imported inside the functions that need it, never by
 ``import reloadsafe`` or ``import reloadsafe.vllm``: vLLM is no dependency of
 the package. Written against vLLM 0.33.
@@ -40,20 +47,43 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+from .vllm_engine import (
+    CPU_PLATFORM_REBUILDS,
+    EngineCheckpoint,
+    EngineReload,
+    EngineReport,
+    check_engine,
+    engine_args_of,
+    model_runner_of,
+    reload_from_checkpoint,
+    reload_from_iterator,
+    reload_streamed,
+)
+
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 else:
     VllmConfig = Any
 
 __all__ = [
+    "CPU_PLATFORM_REBUILDS",
+    "EngineCheckpoint",
+    "EngineReload",
+    "EngineReport",
     "RELOAD_WAYS",
     "ShardId",
     "Shards",
     "VllmLoading",
+    "check_engine",
+    "engine_args_of",
     "in_config",
     "layer_factory",
     "load_through_weight_loaders",
+    "model_runner_of",
     "one_process_world",
+    "reload_from_checkpoint",
+    "reload_from_iterator",
+    "reload_streamed",
     "vllm_config_context",
 ]
 

