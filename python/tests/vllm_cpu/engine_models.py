@@ -45,6 +45,13 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "glm4moe": ("glm4_moe", dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                                  n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
                                  partial_rotary_factor=0.5, use_qk_norm=False)),
+    # Granite 4 hybrid: a Mamba-2 layer, then an attention layer, no experts.
+    "granite4h": ("granitemoehybrid", dict(layer_types=["mamba", "attention"], num_local_experts=0,
+                                           num_experts_per_tok=0, shared_intermediate_size=128,
+                                           mamba_n_heads=8, mamba_d_head=32, mamba_n_groups=1,
+                                           mamba_d_state=64, mamba_d_conv=4, mamba_expand=2,
+                                           mamba_chunk_size=64, position_embedding_type="rope",
+                                           time_step_limit=[0.0, 1e4])),
 }
 
 
