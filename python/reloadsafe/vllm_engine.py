@@ -69,6 +69,7 @@ import fnmatch
 import gc
 import hashlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -97,6 +98,9 @@ __all__ = [
     "reload_from_iterator",
     "reload_streamed",
 ]
+
+#: Each phase of a check as it starts (INFO), for a long check's progress.
+_log = logging.getLogger("reloadsafe.vllm_engine")
 
 #: The token ids of the check's prompt (any model with 16 or more tokens in
 #: its vocabulary takes them).
@@ -323,8 +327,9 @@ def _meta_tensors(model: torch.nn.Module) -> int:
     return sum(1 for t in (*model.parameters(), *model.buffers()) if t.is_meta)
 
 
-def _raw(t: torch.Tensor) -> bytes:
-    return t.reshape(-1).view(torch.uint8).numpy().tobytes()
+def _raw(t: torch.Tensor) -> Any:
+    """The bytes of a contiguous CPU tensor, as a buffer (no copy)."""
+    return t.reshape(-1).view(torch.uint8).numpy()
 
 
 def _first_tensor(value: Any) -> torch.Tensor | None:
@@ -369,6 +374,9 @@ def _run_step(llm: Any, model: torch.nn.Module, prompt: Sequence[int], *, traced
 
     handles = [m.register_forward_hook(recorder(n)) for n, m in model.named_modules() if n]
     patched = [a for a in ("forward", "compute_logits") if hasattr(model, a)]
+    # What the instance itself held under those names (a wrapper of someone
+    # else's), put back at the end; absent ones are deleted again.
+    own = {a: model.__dict__[a] for a in patched if a in model.__dict__}
     for attribute in patched:
         setattr(model, attribute, wrapped(getattr(model, attribute)))
     try:
@@ -382,7 +390,10 @@ def _run_step(llm: Any, model: torch.nn.Module, prompt: Sequence[int], *, traced
             out = llm.generate([{"prompt_token_ids": list(prompt)}], params, use_tqdm=False)[0]
     finally:
         for attribute in patched:
-            delattr(model, attribute)
+            if attribute in own:
+                setattr(model, attribute, own[attribute])
+            else:
+                delattr(model, attribute)
         for handle in handles:
             handle.remove()
     for position, entry in enumerate(out.prompt_logprobs or []):
@@ -687,6 +698,9 @@ def check_engine(
     The checkpoints are written under ``workdir`` (default: a temporary
     folder, removed at the end).
 
+    Each phase is logged as it starts (INFO, logger
+    ``reloadsafe.vllm_engine``; pytest shows it with ``--log-cli-level=INFO``).
+
     Returns an ``EngineReport``; raises ``ReloadCheckError`` when the engine
     cannot be checked (not in this process, no local safetensors, a fresh
     engine that cannot be built, a forward that is not the same op sequence
@@ -728,9 +742,12 @@ def check_engine(
             raise ReloadCheckError(
                 f"check_engine: the engine's warm-up step, before any sync of this check, raised. {why}"
                 f"The error: {type(e).__name__}: {e}") from e
+        _log.info("check_engine %s: drawing %d checkpoints from %s", label, reloads, folder)
         checkpoints = [_draw_checkpoint(folder, seed + k, os.path.join(work, f"checkpoint-{seed + k}"))
                        for k in range(reloads)]
+        _log.info("check_engine %s: %d fresh engines, one per checkpoint (a subprocess)", label, reloads)
         fresh = _fresh_steps(args, checkpoints, prompt, work, fresh_timeout)
+        _log.info("check_engine %s: the captured and the control step, traced", label)
 
         captured = _run_step(llm, model, prompt, traced=True)
         control = _run_step(llm, model, prompt, traced=True)
@@ -759,6 +776,8 @@ def check_engine(
         for k, (checkpoint, reference) in enumerate(zip(checkpoints, fresh, strict=True), start=1):
             found: list[str] = []
             digests_before = _digests(model)
+            _log.info("check_engine %s: reload %d of %d (seed %d): the sync, then a traced step", label, k,
+                      reloads, checkpoint.seed)
             try:
                 sync(llm, checkpoint)
             except Exception as e:  # the sync under test raised: that is its verdict
