@@ -324,8 +324,11 @@ class ModeRun final : public ModeContext {
       // subject claims both modes: for a real model building a layer is
       // the most a check costs beyond the reloads (initialising weights the
       // load overwrites), and the first mode has reloaded a built layer
-      // already. What a copy cannot stand for (a layer the factory
-      // registered by identity) is the first mode's to find. A subject that
+      // already. A copy loads as a built layer does but need not reload as
+      // one: a layer whose reload keeps state per layer object (vLLM's
+      // layerwise reload) reloads wrongly as a copy, a false alarm of the
+      // second mode only; a subject makes no copies of such a layer (the
+      // Python package: layer_copies.reloads_by_identity). A subject that
       // claims one mode has a built layer in each.
       const bool copy = !once && shared_.aside.proven() && info_.modes.size() == 2;
       live_ = in_stage("the cold load's load or post-processing (" + seeds + ")", [&] {

@@ -20,7 +20,13 @@ import torch
 
 from .walk import tensor_parts
 
-__all__ = ["LayerAsBuilt"]
+__all__ = ["RELOADS_BY_IDENTITY", "LayerAsBuilt", "reloads_by_identity"]
+
+#: The attribute that marks a layer whose reload finds what it needs by the
+#: layer's identity (vLLM's layerwise reload: the metadata
+#: ``record_metadata_for_reloading`` keeps per module object): a copy loads
+#: as it does, but does not reload as it does, so no copy stands for it.
+RELOADS_BY_IDENTITY = "_reloadsafe_reloads_by_identity"
 
 #: At most this share of a layer's bytes may be kept as built (buffers,
 #: tensor subclasses): beyond it, keeping the template would cost most of
@@ -53,10 +59,11 @@ class LayerAsBuilt:
     def of(cls, layer: torch.nn.Module) -> LayerAsBuilt | None:
         """The template of ``layer``, or None where its parameters hold too
         little of its bytes to spare any (_MAX_KEPT_SHARE), it cannot be
-        copied (an object deepcopy refuses), or it is compiled (a copy of a
+        copied (an object deepcopy refuses), it is compiled (a copy of a
         module compiled with ``module.compile()`` runs eagerly: torch leaves
-        the compiled call out of a module's copies)."""
-        if _compiled(layer):
+        the compiled call out of a module's copies), or it or a module of it
+        reloads by its identity (``reloads_by_identity``)."""
+        if _compiled(layer) or any(getattr(m, RELOADS_BY_IDENTITY, False) for m in layer.modules()):
             return None
         try:
             total, twinned = _bytes(layer)
@@ -159,3 +166,13 @@ def _bytes(layer: torch.nn.Module) -> tuple[int, int]:
     twinned = sum(size(p) for p in _plain_parameters(layer))
     rest = sum(size(t) for t in (*layer.parameters(), *layer.buffers()))
     return twinned + rest, twinned
+
+
+def reloads_by_identity(layer: torch.nn.Module) -> torch.nn.Module:
+    """Marks ``layer`` as one whose reload finds what it needs by the
+    layer's identity (state kept per module object, such as vLLM's layerwise
+    reload records): ``check_reload`` then builds every layer it needs with
+    the factory instead of copying one, since a copy would load but not
+    reload as a built layer does. Returns ``layer``."""
+    setattr(layer, RELOADS_BY_IDENTITY, True)
+    return layer

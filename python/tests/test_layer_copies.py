@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from reloadsafe.layer_copies import LayerAsBuilt
+from reloadsafe.layer_copies import LayerAsBuilt, reloads_by_identity
 
 
 class _LoaderParameter(torch.nn.Parameter):
@@ -128,14 +128,22 @@ def _compiled_in_place() -> torch.nn.Module:
     return layer
 
 
+def _holding_one_that_reloads_by_identity() -> torch.nn.Module:
+    outer = torch.nn.Sequential(Layer())
+    reloads_by_identity(outer[0])
+    return outer
+
+
 @pytest.mark.parametrize(
     "make,why",
     [
         (_MostlyBuffers, "its buffers hold most of its bytes: the template would keep them"),
         (lambda: torch.compile(Layer(), backend="eager"), "compiled: a copy would run eagerly"),
         (_compiled_in_place, "compiled in place: a copy would run eagerly"),
+        (lambda: reloads_by_identity(Layer()), "it reloads by its identity: a copy would not reload as it does"),
+        (_holding_one_that_reloads_by_identity, "a module of it reloads by its identity"),
     ],
-    ids=["mostly-buffers", "torch.compile", "module.compile"],
+    ids=["mostly-buffers", "torch.compile", "module.compile", "reloads-by-identity", "holds-one-by-identity"],
 )
 def test_no_template_for_a_layer_a_copy_would_not_stand_for(make, why):
     assert LayerAsBuilt.of(make()) is None, why
