@@ -40,13 +40,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import socket
+import uuid
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+from .errors import ReloadCheckError
+from .layer_copies import reloads_by_identity
 from .vllm_engine import (
     CPU_PLATFORM_REBUILDS,
     EngineCheckpoint,
@@ -81,6 +85,7 @@ __all__ = [
     "load_through_weight_loaders",
     "model_runner_of",
     "one_process_world",
+    "rank_world",
     "reload_from_checkpoint",
     "reload_from_iterator",
     "reload_streamed",
@@ -163,6 +168,57 @@ def one_process_world(vllm_config: VllmConfig, backend: str = "gloo") -> Iterato
         destroy_distributed_environment()
 
 
+@contextlib.contextmanager
+def rank_world(vllm_config: VllmConfig) -> Iterator[None]:
+    """vLLM's distributed state over the ``torch.distributed`` world this
+    process has joined (a rank of ``reloadsafe.check_ranks``), tensor
+    parallel over all of it, for the block: vLLM's parallel layers built
+    inside take this rank's shard, and their weight loaders narrow a whole
+    checkpoint to it. At the end vLLM's groups are torn down; the world is
+    left to whoever started it."""
+    import torch.distributed as dist
+    from vllm.distributed import parallel_state
+    from vllm.distributed.parallel_state import (
+        destroy_model_parallel,
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
+
+    if not dist.is_initialized():
+        raise ReloadCheckError(
+            "rank_world: this process has joined no torch.distributed world; run the check on every rank "
+            "with reloadsafe.check_ranks (or init_process_group first), or use one_process_world")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    # vLLM's CPU communicator names the shared memory of a world's groups
+    # after VLLM_DIST_IDENT, which vLLM's CPU worker sets: the same on every
+    # rank of one world, another for each world.
+    set_ident = "VLLM_DIST_IDENT" not in os.environ
+    if set_ident:
+        ident: list[str | None] = [f"reloadsafe-{uuid.uuid4().hex[:12]}" if rank == 0 else None]
+        dist.broadcast_object_list(ident, src=0)
+        os.environ["VLLM_DIST_IDENT"] = str(ident[0])
+    try:
+        with vllm_config_context(vllm_config):
+            # The world exists: vLLM builds its groups on it and starts none.
+            init_distributed_environment(world_size=world_size, rank=rank, local_rank=rank,
+                                         distributed_init_method="env://", backend=str(dist.get_backend()))
+            initialize_model_parallel(world_size, 1)
+        try:
+            yield
+        finally:
+            destroy_model_parallel()
+            # destroy_distributed_environment would destroy the process
+            # group too, which the rank's starter still uses: vLLM's own
+            # world group only.
+            world = getattr(parallel_state, "_WORLD", None)
+            if world is not None:
+                world.destroy()
+                parallel_state._WORLD = None
+    finally:
+        if set_ident:
+            os.environ.pop("VLLM_DIST_IDENT", None)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -190,6 +246,9 @@ def layer_factory(
                 from vllm.model_executor.model_loader.reload import record_metadata_for_reloading
 
                 record_metadata_for_reloading(layer)
+                # The metadata is vLLM's per module object: a copy of the
+                # layer would not reload as it does.
+                reloads_by_identity(layer)
         return layer
 
     make.__name__ = getattr(build, "__name__", "vllm_layer")
