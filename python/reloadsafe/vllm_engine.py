@@ -773,9 +773,9 @@ def check_engine(
 
         results: list[EngineReload] = []
         before = control
+        digests_before = _digests(model)
         for k, (checkpoint, reference) in enumerate(zip(checkpoints, fresh, strict=True), start=1):
             found: list[str] = []
-            digests_before = _digests(model)
             _log.info("check_engine %s: reload %d of %d (seed %d): the sync, then a traced step", label, k,
                       reloads, checkpoint.seed)
             try:
@@ -800,10 +800,10 @@ def check_engine(
                                         already={name for name, _ in moved})
             now.traces.clear()
             digests_now = _digests(model)
-            found += _bytes_findings(digests_now, digests_before, reference.digests)
+            differ = [n for n, d in digests_now.items() if n in reference.digests and d != reference.digests[n]]
+            found += _bytes_findings(differ, digests_now, digests_before, reference.digests)
             value, lp = _value_difference(now, reference, before)
             if value is not None and _DIFFERS in value:
-                differ = [n for n, d in digests_now.items() if d != reference.digests.get(n, d)]
                 if differ:
                     value += "; the tensors named above hold other bytes than a fresh engine's"
                 else:
@@ -815,7 +815,7 @@ def check_engine(
                 found.append(value)
             live = _live_tensor_bytes(checkpoint.tensors.values())
             results.append(EngineReload(k, checkpoint.seed, tuple(found), lp, live, tuple(unread)))
-            before = now
+            before, digests_before = now, digests_now
         overall = _memory_findings(results, checkpoints)
         return EngineReport(label, folder, tuple(results), len(held), len(captured_reads) - len(held),
                             tuple(exempt_names), tuple(overall))
@@ -910,13 +910,13 @@ def _read_findings(held: dict[_ReadKey, TensorRead], held_names: dict[_ReadKey, 
     return found
 
 
-def _bytes_findings(now: dict[str, str], before: dict[str, str], fresh: dict[str, str],
-                    limit: int = 8) -> list[str]:
-    """Each parameter or buffer whose bytes after the sync are not a fresh
-    engine's with the same checkpoint: what a graph replays, whether or not
-    the check's prompt reaches it (an expert no token is routed to)."""
+def _bytes_findings(differ: Sequence[str], now: dict[str, str], before: dict[str, str],
+                    fresh: dict[str, str], limit: int = 8) -> list[str]:
+    """For each parameter or buffer in ``differ`` (its bytes after the sync
+    are not a fresh engine's with the same checkpoint: what a graph replays,
+    whether or not the check's prompt reaches it, an expert no token is
+    routed to), why, from the digests now, before the sync and fresh."""
     found = []
-    differ = [n for n, d in now.items() if n in fresh and d != fresh[n]]
     for name in differ[:limit]:
         kind, _, digest = now[name].partition(":")
         fresh_kind, _, fresh_digest = fresh[name].partition(":")

@@ -58,10 +58,15 @@ void bind_trace(py::module_& m) {
   // allocations' epochs, TensorRead.allocation_epoch), for
   // reloadsafe/vllm_engine.py: the storages a step makes around its traced
   // forward.
-  py::class_<trace::CpuCensusScope>(m, "CpuCensus")
+  // The scope lives from __enter__ to __exit__, whoever keeps the Python
+  // object longer.
+  struct CpuCensus {
+    std::optional<trace::CpuCensusScope> scope;
+  };
+  py::class_<CpuCensus>(m, "CpuCensus")
       .def(py::init<>())
-      .def("__enter__", [](trace::CpuCensusScope&) {})
-      .def("__exit__", [](trace::CpuCensusScope&, const py::args&) {});
+      .def("__enter__", [](CpuCensus& c) { c.scope.emplace(); })
+      .def("__exit__", [](CpuCensus& c, const py::args&) { c.scope.reset(); });
   m.def("cpu_allocation_epoch", &trace::cpu_allocation_epoch);
   // The tensors that hold a sparse tensor's bytes, by name (sparse_parts.h),
   // for reloadsafe/walk.py: one table of the layouts' parts for both
